@@ -1,0 +1,28 @@
+# The two commands a fresh machine needs: `make demo` and `make test`.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: demo test bench venv clean lint
+
+demo: $(STAMP)  ## run the main job on the embedded default stack
+	$(BIN)/banditstream demo $(ARGS)
+
+test: $(STAMP)  ## run the whole test suite (starts its own broker and S3 server)
+	$(BIN)/pytest -q $(ARGS)
+
+bench: $(STAMP)  ## run the benchmarks; each prints a table and a final JSON line
+	$(BIN)/python benchmarks/serde.py
+	$(BIN)/python benchmarks/learner.py
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml constraints.txt
+	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -c constraints.txt -e '.[dev]'
+	touch $(STAMP)
+
+clean:
+	rm -rf $(VENV) .banditstream .pytest_cache build *.egg-info

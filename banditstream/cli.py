@@ -1,0 +1,168 @@
+"""The ``banditstream`` command: a thin layer over library calls.
+
+Every command loads the one configuration tree (``--config`` or ``$BANDITSTREAM_CONFIG``,
+then ``BANDITSTREAM_*`` environment overrides). Expected failures (bad config, a server
+that does not answer, a broken topic layout) print one line and exit 2; nothing prints a
+traceback unless ``--verbose`` is given.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from banditstream.config import ConfigError, Settings, load_settings
+from banditstream.devstack import LocalStack, StackError
+from streams.errors import BanditstreamError
+from streams.topics import TopicError, ensure_topics
+
+app = typer.Typer(no_args_is_help=True, add_completion=False, help="Self-hosted contextual-bandit learning loop.")
+dev_app = typer.Typer(no_args_is_help=True, help="The embedded local stack (Tansu broker, SeaweedFS S3).")
+topics_app = typer.Typer(no_args_is_help=True, help="The project's Kafka topics.")
+config_app = typer.Typer(no_args_is_help=True, help="The configuration tree.")
+app.add_typer(dev_app, name="dev")
+app.add_typer(topics_app, name="topics")
+app.add_typer(config_app, name="config")
+
+console = Console()
+err_console = Console(stderr=True)
+
+DEFAULT_DEV_DIR = ".banditstream/dev"
+EXPECTED_ERRORS = (ConfigError, StackError, TopicError, BanditstreamError)
+
+
+class _State:
+    config_path: Optional[Path] = None
+    verbose: bool = False
+    _settings: Optional[Settings] = None
+
+    def settings(self) -> Settings:
+        if self._settings is None:
+            self._settings = load_settings(self.config_path)
+        return self._settings
+
+
+state = _State()
+
+
+@app.callback()
+def _root(
+    config: Optional[Path] = typer.Option(None, "--config", "-c", help="Config file (.toml, .yaml, .json)."),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="Show tracebacks and debug output."),
+) -> None:
+    state.config_path = config
+    state.verbose = verbose
+
+
+# -- dev ----------------------------------------------------------------------------------
+
+
+def _dev_dir(state_dir: Optional[Path]) -> Path:
+    return state_dir or Path(os.environ.get("BANDITSTREAM_DEV_DIR", DEFAULT_DEV_DIR))
+
+
+@dev_app.command("up")
+def dev_up(
+    state_dir: Optional[Path] = typer.Option(None, help=f"Where ports, pids and logs go (default {DEFAULT_DEV_DIR})."),
+    s3: bool = typer.Option(True, help="Start the S3 server too."),
+) -> None:
+    """Start the broker and S3 server on free loopback ports and print how to reach them."""
+    stack = LocalStack(_dev_dir(state_dir), s3=s3)
+    with console.status("starting the local stack…"):
+        info = stack.up()
+    table = Table("server", "pid", "address", title="local stack")
+    for proc in info.processes:
+        address = info.kafka_bootstrap if proc.name == "tansu" else info.s3_endpoint
+        table.add_row(proc.name, str(proc.pid), address or "")
+    console.print(table)
+    console.print("# connection settings (eval \"$(banditstream dev env)\" to use them):")
+    for name, value in info.environment().items():
+        print(f"export {name}={value}")
+
+
+@dev_app.command("down")
+def dev_down(state_dir: Optional[Path] = typer.Option(None, help="The state directory given to `dev up`.")) -> None:
+    """Stop every server `dev up` started and wait until their ports are free."""
+    stopped = LocalStack(_dev_dir(state_dir)).down()
+    if not stopped:
+        console.print("no local stack is running")
+    for proc in stopped:
+        console.print(f"stopped {proc.name} (pid {proc.pid})")
+
+
+@dev_app.command("status")
+def dev_status(state_dir: Optional[Path] = typer.Option(None)) -> None:
+    """Show the running local stack, if any."""
+    info = LocalStack(_dev_dir(state_dir)).status()
+    if info is None:
+        console.print("no local stack is running")
+        raise typer.Exit(1)
+    print(json.dumps(info.environment(), indent=2))
+
+
+@dev_app.command("env")
+def dev_env(state_dir: Optional[Path] = typer.Option(None)) -> None:
+    """Print `export` lines for the running local stack."""
+    info = LocalStack(_dev_dir(state_dir)).status()
+    if info is None:
+        raise StackError("no local stack is running (run `banditstream dev up`)")
+    for name, value in info.environment().items():
+        print(f"export {name}={value}")
+
+
+# -- topics and config --------------------------------------------------------------------
+
+
+@topics_app.command("create")
+def topics_create() -> None:
+    """Create the topics (idempotent) and verify decisions/rewards co-partitioning."""
+    settings = state.settings()
+    counts = ensure_topics(settings.kafka, settings.topics)
+    table = Table("topic", "partitions", title=f"topics on {settings.kafka.bootstrap_servers}")
+    for name, count in counts.items():
+        table.add_row(name, str(count))
+    console.print(table)
+
+
+@config_app.command("show")
+def config_show() -> None:
+    """Print the effective configuration (file + environment) as JSON."""
+    print(state.settings().model_dump_json(indent=2))
+
+
+# -- entry point --------------------------------------------------------------------------
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    """Console-script entry point: expected errors become one line and exit code 2."""
+    try:
+        app(args=argv, standalone_mode=False)
+    except EXPECTED_ERRORS as exc:
+        if state.verbose:
+            raise
+        err_console.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
+        return 2
+    except typer.Abort:
+        err_console.print("aborted")
+        return 130
+    except typer.Exit as exc:
+        return exc.exit_code
+    except Exception as exc:  # click usage errors arrive here in non-standalone mode
+        import click
+
+        if isinstance(exc, click.ClickException):
+            exc.show()
+            return exc.exit_code
+        raise
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,210 @@
+"""One typed configuration tree, loaded once (file, then environment) and passed down.
+
+    >>> settings = load_settings(env={"BANDITSTREAM_KAFKA__BOOTSTRAP_SERVERS": "10.0.0.5:9092"})
+    >>> settings.kafka.bootstrap_servers
+    '10.0.0.5:9092'
+
+Sources, later ones winning:
+
+1. defaults (a local broker on 127.0.0.1:9092, a snapshot directory, no registry);
+2. a file: ``path`` or ``$BANDITSTREAM_CONFIG`` (``.toml``, ``.yaml``/``.yml`` or ``.json``);
+3. environment variables ``BANDITSTREAM_<SECTION>__<FIELD>[__<FIELD>...]``, e.g.
+   ``BANDITSTREAM_KAFKA__BOOTSTRAP_SERVERS`` or ``BANDITSTREAM_DOMAINS__ROUTING__POLICY``.
+   Values are strings coerced to the field's type; a value starting with ``{`` or ``[`` is
+   read as JSON.
+
+An invalid value raises :class:`ConfigError` whose message is one line naming the field, the
+offending value and where it came from; the CLI prints it and exits 2.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from streams.settings import KafkaSettings, RegistrySettings, TopicSettings
+
+ENV_PREFIX = "BANDITSTREAM_"
+ENV_CONFIG_FILE = "BANDITSTREAM_CONFIG"
+_ID = re.compile(r"^[A-Za-z0-9_.\-]+$")
+
+
+class ConfigError(ValueError):
+    """The configuration is invalid; the message is one line naming the field."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class S3Settings(_Section):
+    """Where the S3 API is (for an S3 snapshot store)."""
+
+    endpoint_url: str | None = Field(None, description="None: AWS itself")
+    access_key_id: str | None = None
+    secret_access_key: str | None = None
+    region: str = "us-east-1"
+
+
+class SnapshotStoreSettings(_Section):
+    """Where signed snapshots are published and pulled from."""
+
+    kind: Literal["directory", "s3"] = "directory"
+    path: str = ".banditstream/snapshots"
+    bucket: str = "banditstream"
+    prefix: str = ""
+
+
+class StoreSettings(_Section):
+    """Local state of the workers."""
+
+    state_dir: str = Field(".banditstream/state", description="RocksDB shards and join tables live here")
+    snapshots: SnapshotStoreSettings = SnapshotStoreSettings()
+
+
+class MetricsSettings(_Section):
+    port: int = Field(0, ge=0, le=65535, description="Prometheus port of a worker; 0 picks a free one")
+
+
+class LimitSettings(_Section):
+    max_payload_bytes: int = Field(1_000_000, ge=1024)
+    probability_tolerance: float = Field(1e-6, gt=0, lt=0.1)
+
+
+class DomainSettings(_Section):
+    """One decision point: its policy, features and reward."""
+
+    policy: str = "lin_ts"
+    params: dict[str, Any] = Field(default_factory=dict, description="policy hyper-parameters")
+    features: dict[str, Any] = Field(default_factory=dict, description="feature hashing settings")
+    reward: dict[str, Any] = Field(default_factory=dict, description="reward engine settings")
+    vector_dim: int | None = Field(None, ge=1, description="length of context.vector when present")
+    max_actions: int | None = Field(None, ge=1)
+    mode: Literal["live", "shadow", "off"] = "live"
+
+
+class Settings(_Section):
+    """The whole tree."""
+
+    tenant: str = "default"
+    workspace: str = "main"
+    kafka: KafkaSettings = KafkaSettings()
+    registry: RegistrySettings = RegistrySettings()
+    topics: TopicSettings = TopicSettings()
+    stores: StoreSettings = StoreSettings()
+    s3: S3Settings = S3Settings()
+    metrics: MetricsSettings = MetricsSettings()
+    limits: LimitSettings = LimitSettings()
+    domains: dict[str, DomainSettings] = Field(default_factory=dict)
+
+    @field_validator("tenant", "workspace")
+    @classmethod
+    def _identifier(cls, value: str) -> str:
+        if not _ID.match(value):
+            raise ValueError("must be letters, digits, '_', '.', or '-'")
+        return value
+
+    @field_validator("domains")
+    @classmethod
+    def _domain_names(cls, value: dict[str, DomainSettings]) -> dict[str, DomainSettings]:
+        for name in value:
+            if not _ID.match(name):
+                raise ValueError(f"domain name {name!r} must be letters, digits, '_', '.', or '-'")
+        return value
+
+
+def load_settings(
+    path: str | os.PathLike | None = None,
+    *,
+    env: Mapping[str, str] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+) -> Settings:
+    """Defaults, then the file, then the environment, then explicit ``overrides``."""
+    env = os.environ if env is None else env
+    path = path or env.get(ENV_CONFIG_FILE)
+    tree: dict[str, Any] = {}
+    sources: dict[tuple[str, ...], str] = {}
+    if path:
+        tree = _read_file(Path(path))
+    for keys, value, name in _env_overrides(env):
+        _set_path(tree, keys, value)
+        sources[keys] = name
+    for dotted, value in (overrides or {}).items():
+        _set_path(tree, tuple(dotted.split(".")), value)
+    try:
+        return Settings.model_validate(tree)
+    except ValidationError as exc:
+        raise ConfigError(_one_line(exc, sources, path)) from None
+
+
+def _read_file(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"config file {path}: {exc.strerror}") from None
+    try:
+        if path.suffix == ".toml":
+            data = tomllib.loads(text)
+        elif path.suffix in (".yaml", ".yml"):
+            data = yaml.safe_load(text) or {}
+        elif path.suffix == ".json":
+            data = json.loads(text)
+        else:
+            raise ConfigError(f"config file {path}: unknown format {path.suffix!r} (use .toml, .yaml or .json)")
+    except (tomllib.TOMLDecodeError, yaml.YAMLError, json.JSONDecodeError) as exc:
+        first_line = str(exc).splitlines()[0]
+        raise ConfigError(f"config file {path}: not valid {path.suffix[1:]}: {first_line}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path}: the top level must be a mapping, got {type(data).__name__}")
+    return data
+
+
+def _env_overrides(env: Mapping[str, str]):
+    for name in sorted(env):
+        if not name.startswith(ENV_PREFIX) or name == ENV_CONFIG_FILE or "__" not in name:
+            continue
+        keys = tuple(part.lower() for part in name[len(ENV_PREFIX) :].split("__"))
+        if any(not key for key in keys):
+            raise ConfigError(f"environment variable {name}: empty path segment")
+        value: Any = env[name]
+        if value[:1] in ("{", "["):
+            try:
+                value = json.loads(value)
+            except json.JSONDecodeError as exc:
+                raise ConfigError(f"environment variable {name}: not valid JSON: {exc.msg}") from None
+        yield keys, value, name
+
+
+def _set_path(tree: dict[str, Any], keys: tuple[str, ...], value: Any) -> None:
+    node = tree
+    for key in keys[:-1]:
+        child = node.get(key)
+        if not isinstance(child, dict):
+            child = node[key] = {}
+        node = child
+    node[keys[-1]] = value
+
+
+def _one_line(exc: ValidationError, sources: dict[tuple[str, ...], str], path) -> str:
+    error = exc.errors()[0]
+    loc = tuple(str(part) for part in error["loc"])
+    field = ".".join(loc) or "(top level)"
+    message = error["msg"].removeprefix("Value error, ")
+    if error["type"] == "extra_forbidden":
+        message = "unknown field"
+    got = error.get("input")
+    shown = "" if error["type"] in ("missing",) or isinstance(got, dict) else f" (got {got!r})"
+    # the variable that set this field, or (for a section-level error) one that set a field in it
+    origin = next((name for keys, name in sources.items() if loc[: len(keys)] == keys), None)
+    origin = origin or next((name for keys, name in sources.items() if keys[: len(loc)] == loc), None)
+    where = f" from {origin}" if origin else (f" in {path}" if path else "")
+    more = f" (+{exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
+    return f"invalid config{where}: {field}: {message}{shown}{more}"

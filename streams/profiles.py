@@ -1,0 +1,65 @@
+"""Broker compatibility profiles: what a Kafka-compatible broker needs from our clients.
+
+The code talks Kafka; everything a particular broker needs beyond the protocol lives here
+and nowhere else. ``kafka`` is any real Apache Kafka (or a faithful service). ``tansu`` is
+the Tansu broker the embedded stack and the tests run (memory storage), whose known
+defects (shared/INFRA.md) we design around:
+
+- a queried end offset (high watermark) is the base offset of the last batch + 1, so no
+  code may rely on a queried end offset — workers track offsets from fetched records;
+- faust table recovery trips on that unless the producer sends one record per batch;
+- aborted transactions are delivered to read_committed readers, so exactly-once
+  processing is off: delivery is at-least-once with deduplicated, idempotent state;
+- group joins wait session.timeout/2, so the session timeout is kept short.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class BrokerProfile:
+    """Client settings that depend on the broker implementation."""
+
+    name: str
+    #: librdkafka settings merged into every consumer (before user overrides).
+    consumer: dict[str, Any] = field(default_factory=dict)
+    #: librdkafka settings merged into every producer (before user overrides).
+    producer: dict[str, Any] = field(default_factory=dict)
+    #: faust.App settings for the stream processors.
+    faust: dict[str, Any] = field(default_factory=dict)
+    #: Whether a queried end offset (list_offsets / get_watermark_offsets) can be trusted.
+    trusts_queried_end_offsets: bool = True
+    #: Whether transactional exactly-once processing works end to end.
+    supports_exactly_once: bool = True
+
+
+PROFILES: dict[str, BrokerProfile] = {
+    "kafka": BrokerProfile(
+        name="kafka",
+        consumer={"session.timeout.ms": 10_000},
+        faust={"broker_session_timeout": 10.0, "broker_heartbeat_interval": 3.0},
+    ),
+    "tansu": BrokerProfile(
+        name="tansu",
+        consumer={"session.timeout.ms": 6_000, "heartbeat.interval.ms": 500},
+        faust={
+            "producer_max_batch_size": 1,
+            "broker_session_timeout": 6.0,
+            "broker_heartbeat_interval": 0.5,
+        },
+        trusts_queried_end_offsets=False,
+        supports_exactly_once=False,
+    ),
+}
+
+
+def get_profile(name: str) -> BrokerProfile:
+    """The profile called ``name``; a clear error listing the known ones otherwise."""
+    try:
+        return PROFILES[name]
+    except KeyError:
+        known = ", ".join(sorted(PROFILES))
+        raise ValueError(f"unknown broker profile {name!r}; known: {known}") from None

@@ -1,0 +1,97 @@
+"""The configuration tree: file, then environment, one-line errors naming the field."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from banditstream.config import ConfigError, load_settings
+
+
+def test_defaults_load_without_any_source():
+    settings = load_settings(env={})
+    assert settings.kafka.bootstrap_servers == "127.0.0.1:9092"
+    assert settings.registry.effective_framing == "single_object"
+    assert settings.topics.decisions == "bandit.decisions"
+
+
+def test_file_then_environment_overrides(tmp_path):
+    path = tmp_path / "bandit.toml"
+    path.write_text(
+        '[kafka]\nbootstrap_servers = "broker-a:9092"\nprofile = "tansu"\n'
+        '[topics]\npartitions = 12\n'
+        '[domains.routing]\npolicy = "lin_ucb"\nvector_dim = 16\n'
+    )
+    env = {
+        "BANDITSTREAM_KAFKA__BOOTSTRAP_SERVERS": "broker-b:9093",
+        "BANDITSTREAM_DOMAINS__ROUTING__PARAMS": '{"alpha": 0.5}',
+        "BANDITSTREAM_DOMAINS__CACHE__MODE": "shadow",
+        "UNRELATED": "x",
+    }
+    settings = load_settings(path, env=env)
+    assert settings.kafka.bootstrap_servers == "broker-b:9093"  # env wins over file
+    assert settings.kafka.profile == "tansu"  # file wins over default
+    assert settings.topics.partitions == 12
+    assert settings.domains["routing"].policy == "lin_ucb"
+    assert settings.domains["routing"].params == {"alpha": 0.5}
+    assert settings.domains["cache"].mode == "shadow"
+
+
+def test_yaml_and_json_files_and_the_config_env_var(tmp_path):
+    yml = tmp_path / "c.yaml"
+    yml.write_text("topics:\n  partitions: 3\n")
+    assert load_settings(env={"BANDITSTREAM_CONFIG": str(yml)}).topics.partitions == 3
+    js = tmp_path / "c.json"
+    js.write_text('{"topics": {"partitions": 5}}')
+    assert load_settings(js, env={}).topics.partitions == 5
+
+
+@pytest.mark.parametrize(
+    ("env", "expected"),
+    [
+        ({"BANDITSTREAM_TOPICS__PARTITIONS": "abc"}, "topics.partitions"),
+        ({"BANDITSTREAM_KAFKA__BOOTSTRAP_SERVERS": "nohost"}, "kafka.bootstrap_servers: 'nohost' is not host:port"),
+        ({"BANDITSTREAM_KAFKA__PROFILE": "redpanda"}, "unknown broker profile 'redpanda'"),
+        ({"BANDITSTREAM_KAFKA__BOGUS": "1"}, "kafka.bogus: unknown field"),
+        ({"BANDITSTREAM_DOMAINS__R__VECTOR_DIM": "0"}, "domains.r.vector_dim"),
+        ({"BANDITSTREAM_REGISTRY__FRAMING": "confluent"}, "framing 'confluent' needs registry.url"),
+        ({"BANDITSTREAM_DOMAINS__R__MODE": "sometimes"}, "domains.r.mode"),
+        ({"BANDITSTREAM_KAFKA__EXTRA": "{not json"}, "BANDITSTREAM_KAFKA__EXTRA: not valid JSON"),
+    ],
+)
+def test_invalid_values_give_one_line_naming_the_field(env, expected):
+    with pytest.raises(ConfigError) as info:
+        load_settings(env=env)
+    message = str(info.value)
+    assert expected in message
+    assert "\n" not in message
+    if "BANDITSTREAM_KAFKA__EXTRA" not in env:
+        assert f"from {next(iter(env))}" in message  # says where the bad value came from
+
+
+def test_invalid_file_names_the_file_and_field(tmp_path):
+    path = tmp_path / "bad.toml"
+    path.write_text("[topics]\nreplication = 0\n")
+    with pytest.raises(ConfigError, match=r"in .*bad.toml: topics.replication: .*\(got 0\)"):
+        load_settings(path, env={})
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("topics: [unclosed\n")
+    with pytest.raises(ConfigError, match="not valid yaml"):
+        load_settings(broken, env={})
+    ini = tmp_path / "x.ini"
+    ini.write_text("")
+    with pytest.raises(ConfigError, match="unknown format '.ini'"):
+        load_settings(ini, env={})
+
+
+def test_cli_prints_one_line_and_exits_2_on_bad_config(tmp_path):
+    env = {"BANDITSTREAM_TOPICS__PARTITIONS": "-3", "PATH": "/usr/bin:/bin"}
+    result = subprocess.run(
+        [sys.executable, "-m", "banditstream.cli", "config", "show"], capture_output=True, text=True, env=env, timeout=60
+    )
+    assert result.returncode == 2
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, result.stderr
+    assert "topics.partitions" in lines[0] and "Traceback" not in result.stderr
