@@ -365,7 +365,12 @@ class RewardEngine:
                 seen.add(reward_id)
                 unique.append(event)
         mode = self._config.aggregate
-        raws = [self._raw(_field(e, "signals"), _field(e, "value")) for e in unique]
+        raws = []
+        for event in unique:
+            try:
+                raws.append(self._raw(_field(event, "signals"), _field(event, "value")))
+            except InvalidReward as error:
+                raise InvalidReward(f"reward {_field(event, 'reward_id')!r}: {error}") from None
         per_signal: dict[str, list[float]] = {}
         for event in unique:
             for name, x in (_field(event, "signals") or {}).items():

@@ -202,6 +202,9 @@ def test_non_finite_signal_or_value_is_refused(bad):
         engine.score(value=bad)
     # a signal no term reads is audit-only and not inspected
     assert engine.score({"success": 1, "unused": bad}) == 2.0
+    with pytest.raises(InvalidReward, match="reward 'r2': signal 'cost_usd'"):
+        engine.aggregate([{"reward_id": "r1", "timestamp": 1, "signals": {"success": 1}},
+                          {"reward_id": "r2", "timestamp": 2, "signals": {"cost_usd": bad}}])
 
 
 # -- aggregation ---------------------------------------------------------------------------
