@@ -137,6 +137,23 @@ def config_show() -> None:
     print(state.settings().model_dump_json(indent=2))
 
 
+# -- the main job -------------------------------------------------------------------------
+
+
+@app.command()
+def demo(
+    events: int = typer.Option(2000, "--events", min=1, help="Decision/reward pairs to send."),
+    seed: int = typer.Option(7, "--seed", help="Seed of the simulated workload."),
+) -> None:
+    """Run the main job on the embedded default stack (brought up and taken down here)."""
+    from banditstream import demo as demo_module
+
+    results = demo_module.run(events=events, seed=seed, console=console)
+    if not all(r.intact and r.received == r.sent for r in results):
+        err_console.print("[bold red]error:[/] some events did not round-trip intact")
+        raise typer.Exit(1)
+
+
 # -- entry point --------------------------------------------------------------------------
 
 
