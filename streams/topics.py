@@ -69,7 +69,8 @@ def ensure_topics(kafka: KafkaSettings, topics: TopicSettings, *, timeout: float
                 error = exc.args[0]
                 if error.name() != "TOPIC_ALREADY_EXISTS":  # a concurrent creator won: fine
                     raise TopicError(f"could not create topic {name!r}: {error.str()}") from None
-    counts = _wait_for_topics(admin, [spec.name for spec in topic_specs(topics)], timeout)
+    created = {spec.name: spec.partitions for spec in missing}
+    counts = _wait_for_topics(admin, [spec.name for spec in topic_specs(topics)], created, timeout)
     verify_copartitioning(counts, topics)
     return counts
 
@@ -105,11 +106,13 @@ def _partition_counts(admin: AdminClient, timeout: float) -> dict[str, int]:
     return {name: len(topic.partitions) for name, topic in metadata.topics.items() if topic.error is None}
 
 
-def _wait_for_topics(admin: AdminClient, names: list[str], timeout: float) -> dict[str, int]:
-    """Metadata can lag creation by a moment; wait until every topic shows its partitions."""
+def _wait_for_topics(admin: AdminClient, names: list[str], created: dict[str, int], timeout: float) -> dict[str, int]:
+    """Metadata can lag creation by a moment; wait until every topic shows its partitions
+    (all of them, for the topics just created)."""
     deadline = time.monotonic() + timeout
     while True:
         counts = _partition_counts(admin, timeout)
-        if all(counts.get(name, 0) > 0 for name in names) or time.monotonic() > deadline:
+        settled = all(counts.get(name, 0) >= created.get(name, 1) for name in names)
+        if settled or time.monotonic() > deadline:
             return {name: counts[name] for name in names if name in counts}
         time.sleep(0.1)
