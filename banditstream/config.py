@@ -30,7 +30,9 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from learner.domain import DomainSettings
 from streams.settings import KafkaSettings, RegistrySettings, TopicSettings
+from streams.validation import DomainLimits, ValidationLimits
 
 ENV_PREFIX = "BANDITSTREAM_"
 ENV_CONFIG_FILE = "BANDITSTREAM_CONFIG"
@@ -79,18 +81,6 @@ class LimitSettings(_Section):
     probability_tolerance: float = Field(1e-6, gt=0, lt=0.1)
 
 
-class DomainSettings(_Section):
-    """One decision point: its policy, features and reward."""
-
-    policy: str = "lin_ts"
-    params: dict[str, Any] = Field(default_factory=dict, description="policy hyper-parameters")
-    features: dict[str, Any] = Field(default_factory=dict, description="feature hashing settings")
-    reward: dict[str, Any] = Field(default_factory=dict, description="reward engine settings")
-    vector_dim: int | None = Field(None, ge=1, description="length of context.vector when present")
-    max_actions: int | None = Field(None, ge=1)
-    mode: Literal["live", "shadow", "off"] = "live"
-
-
 class Settings(_Section):
     """The whole tree."""
 
@@ -119,6 +109,20 @@ class Settings(_Section):
             if not _ID.match(name):
                 raise ValueError(f"domain name {name!r} must be letters, digits, '_', '.', or '-'")
         return value
+
+    def validation_limits(self) -> ValidationLimits:
+        """What the boundary validator accepts: the configured domains (any, if none are)."""
+        domains = None
+        if self.domains:
+            domains = {
+                name: DomainLimits(vector_dim=d.features.vector_dim or None, max_actions=d.max_actions)
+                for name, d in self.domains.items()
+            }
+        return ValidationLimits(
+            domains=domains,
+            probability_tolerance=self.limits.probability_tolerance,
+            max_payload_bytes=self.limits.max_payload_bytes,
+        )
 
 
 def load_settings(

@@ -22,7 +22,7 @@ def test_file_then_environment_overrides(tmp_path):
     path.write_text(
         '[kafka]\nbootstrap_servers = "broker-a:9092"\nprofile = "tansu"\n'
         '[topics]\npartitions = 12\n'
-        '[domains.routing]\npolicy = "lin_ucb"\nvector_dim = 16\n'
+        '[domains.routing]\npolicy = "lin_ucb"\n[domains.routing.features]\nvector_dim = 16\n'
     )
     env = {
         "BANDITSTREAM_KAFKA__BOOTSTRAP_SERVERS": "broker-b:9093",
@@ -37,6 +37,9 @@ def test_file_then_environment_overrides(tmp_path):
     assert settings.domains["routing"].policy == "lin_ucb"
     assert settings.domains["routing"].params == {"alpha": 0.5}
     assert settings.domains["cache"].mode == "shadow"
+    assert settings.domains["routing"].features.vector_dim == 16
+    limits = settings.validation_limits()
+    assert set(limits.domains) == {"routing", "cache"} and limits.domains["routing"].vector_dim == 16
 
 
 def test_yaml_and_json_files_and_the_config_env_var(tmp_path):
@@ -55,7 +58,9 @@ def test_yaml_and_json_files_and_the_config_env_var(tmp_path):
         ({"BANDITSTREAM_KAFKA__BOOTSTRAP_SERVERS": "nohost"}, "kafka.bootstrap_servers: 'nohost' is not host:port"),
         ({"BANDITSTREAM_KAFKA__PROFILE": "redpanda"}, "unknown broker profile 'redpanda'"),
         ({"BANDITSTREAM_KAFKA__BOGUS": "1"}, "kafka.bogus: unknown field"),
-        ({"BANDITSTREAM_DOMAINS__R__VECTOR_DIM": "0"}, "domains.r.vector_dim"),
+        ({"BANDITSTREAM_DOMAINS__R__FEATURES__DIMENSION": "x"}, "domains.r.features.dimension"),
+        ({"BANDITSTREAM_DOMAINS__R__POLICY": "nope"}, "unknown policy 'nope'"),
+        ({"BANDITSTREAM_DOMAINS__R__REWARD__WINDOW_S": "-1"}, "domains.r.reward.window_s"),
         ({"BANDITSTREAM_REGISTRY__FRAMING": "confluent"}, "framing 'confluent' needs registry.url"),
         ({"BANDITSTREAM_DOMAINS__R__MODE": "sometimes"}, "domains.r.mode"),
         ({"BANDITSTREAM_KAFKA__EXTRA": "{not json"}, "BANDITSTREAM_KAFKA__EXTRA: not valid JSON"),
