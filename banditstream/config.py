@@ -33,6 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from learner.domain import DomainSettings
 from streams.settings import KafkaSettings, RegistrySettings, TopicSettings
 from streams.validation import DomainLimits, ValidationLimits
+from streams.worker import WorkerConfig
 
 ENV_PREFIX = "BANDITSTREAM_"
 ENV_CONFIG_FILE = "BANDITSTREAM_CONFIG"
@@ -109,6 +110,20 @@ class Settings(_Section):
             if not _ID.match(name):
                 raise ValueError(f"domain name {name!r} must be letters, digits, '_', '.', or '-'")
         return value
+
+    def worker_config(self) -> WorkerConfig:
+        """What a worker process needs, as one value."""
+        return WorkerConfig(
+            kafka=self.kafka,
+            topics=self.topics,
+            registry=self.registry,
+            domains=dict(self.domains),
+            limits=self.validation_limits(),
+            state_dir=Path(self.stores.state_dir),
+            metrics_port=self.metrics.port,
+            tenant=self.tenant,
+            workspace=self.workspace,
+        )
 
     def validation_limits(self) -> ValidationLimits:
         """What the boundary validator accepts: the configured domains (any, if none are)."""

@@ -1,0 +1,54 @@
+"""What every worker process is given: one value built from the configuration tree.
+
+The CLI builds it (``Settings.worker_config()``) and passes it down; workers read nothing
+else (no globals, no environment).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from learner.domain import DomainSettings
+from streams.serde import AvroSerde
+from streams.settings import KafkaSettings, RegistrySettings, TopicSettings
+from streams.validation import ValidationLimits
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    kafka: KafkaSettings
+    topics: TopicSettings
+    registry: RegistrySettings
+    domains: Mapping[str, DomainSettings]
+    limits: ValidationLimits
+    #: Root of this worker's local state (RocksDB files); each worker kind uses a subfolder.
+    state_dir: Path
+    #: Prometheus port; 0 picks a free one (the worker logs which).
+    metrics_port: int = 0
+    tenant: str = "default"
+    workspace: str = "main"
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    def registry_client(self):
+        """A schema registry client, or None when events use the single-object encoding."""
+        if not self.registry.url:
+            return None
+        from confluent_kafka.schema_registry import SchemaRegistryClient
+
+        return SchemaRegistryClient.new_client({"url": self.registry.url})
+
+    def serde(self, name: str, topic: str | None = None, registry=None) -> AvroSerde:
+        """The serde for one event type in the configured framing (decoding reads both)."""
+        framing = self.registry.effective_framing
+        client = registry if registry is not None else (self.registry_client() if framing == "confluent" else None)
+        return AvroSerde(
+            name,
+            framing=framing,
+            registry=client,
+            topic=topic,
+            subject_strategy=self.registry.subject_strategy,
+            max_payload_bytes=self.limits.max_payload_bytes,
+        )
