@@ -137,6 +137,25 @@ def config_show() -> None:
     print(state.settings().model_dump_json(indent=2))
 
 
+# -- workers ------------------------------------------------------------------------------
+
+
+@app.command()
+def join() -> None:
+    """Run the join worker: decisions + rewards -> one UpdateEvent per decision. SIGTERM stops it gracefully."""
+    from streams.join import run_join
+
+    run_join(state.settings().worker_config())
+
+
+@app.command()
+def learn() -> None:
+    """Run the learner worker: updates -> posterior shards in RocksDB. SIGTERM stops it gracefully."""
+    from streams.learn import run_learner
+
+    run_learner(state.settings().worker_config())
+
+
 # -- the main job -------------------------------------------------------------------------
 
 
