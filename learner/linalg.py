@@ -1,0 +1,94 @@
+"""Small dense linear-algebra helpers for the policies, stacked over arms, numpy only.
+
+The linear policies keep, per arm, the precision ``A`` (d x d, symmetric positive definite) and
+``b``; everything else is derived from them here:
+
+    A = C C^T                 (Cholesky, C lower triangular)
+    L = C^-T                  so that L L^T = C^-T C^-1 = A^-1   (L upper triangular)
+    theta = A^-1 b = L (L^T b)
+
+The policies store ``L^T = C^-1`` (lower triangular) because every use is a product with it:
+the UCB width of a row x is ``||L^T x||`` and a Thompson draw is ``theta + v L z``.
+
+    >>> import numpy as np
+    >>> A = np.array([[[4.0, 2.0], [2.0, 3.0]]])
+    >>> theta, LT = factorise(A, np.array([[1.0, 2.0]]))
+    >>> np.allclose(LT[0].T @ LT[0], np.linalg.inv(A[0]))
+    True
+    >>> np.allclose(theta[0], np.linalg.solve(A[0], [1.0, 2.0]))
+    True
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+
+class NotPositiveDefinite(ArithmeticError):
+    """A precision matrix lost positive definiteness (bad loaded state or numerical collapse)."""
+
+
+@functools.cache
+def triu_indices(d: int) -> tuple[np.ndarray, np.ndarray]:
+    """Row and column indices of the upper triangle (diagonal included) of a d x d matrix."""
+    rows, cols = np.triu_indices(d)
+    rows.setflags(write=False)
+    cols.setflags(write=False)
+    return rows, cols
+
+
+def pack_symmetric(M: np.ndarray) -> np.ndarray:
+    """The upper triangle of symmetric ``M`` (..., d, d) as (..., d(d+1)/2): half the bytes."""
+    rows, cols = triu_indices(M.shape[-1])
+    return M[..., rows, cols]
+
+
+def unpack_symmetric(packed: np.ndarray, d: int) -> np.ndarray:
+    """Inverse of :func:`pack_symmetric`: a full symmetric (..., d, d) matrix."""
+    rows, cols = triu_indices(d)
+    out = np.empty(packed.shape[:-1] + (d, d), dtype=np.float64)
+    out[..., rows, cols] = packed
+    out[..., cols, rows] = packed
+    return out
+
+
+def packed_size(d: int) -> int:
+    return d * (d + 1) // 2
+
+
+def factorise(A: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Posterior means and covariance factors of a stack of precisions, from scratch.
+
+    ``A`` (g, d, d) symmetric positive definite, ``b`` (g, d). Returns ``theta`` (g, d) with
+    ``theta = A^-1 b`` and ``LT`` (g, d, d) lower triangular with ``LT^T LT = A^-1``.
+    Only the lower triangle of ``A`` is read (Cholesky), so a rounding-level asymmetry in the
+    accumulated sums cannot matter. Raises :class:`NotPositiveDefinite`.
+    """
+    try:
+        C = np.linalg.cholesky(A)
+    except np.linalg.LinAlgError as exc:
+        raise NotPositiveDefinite(str(exc)) from exc
+    LT = np.linalg.inv(C)
+    LT = np.tril(LT)  # inv() of a triangular matrix leaves rounding dust above the diagonal
+    y = np.matmul(LT, b[..., None])  # C^-1 b
+    theta = np.matmul(np.swapaxes(LT, -1, -2), y)[..., 0]  # C^-T C^-1 b
+    return theta, LT
+
+
+def prior_factor(strength: np.ndarray, d: int) -> np.ndarray:
+    """``LT`` for precisions ``strength * I`` without factorising: ``I / sqrt(strength)``."""
+    eye = np.eye(d)
+    return eye[None, :, :] / np.sqrt(np.asarray(strength, dtype=np.float64))[:, None, None]
+
+
+def spectral_norm_spd(A: np.ndarray) -> float:
+    """Largest eigenvalue of a symmetric positive (semi)definite matrix, i.e. ``||A||_2``."""
+    return float(np.linalg.eigvalsh(A)[-1])
+
+
+def precision_norm_from_factor(LT: np.ndarray) -> float:
+    """``||A||_2`` from ``LT`` alone (``A^-1 = LT^T LT``): ``1 / sigma_min(LT)^2``."""
+    smallest = float(np.linalg.svd(LT, compute_uv=False)[-1])
+    return float("inf") if smallest == 0.0 else 1.0 / (smallest * smallest)

@@ -1,0 +1,200 @@
+"""Bayesian linear regression per arm (or one shared), the statistics behind the linear policies.
+
+Each model keeps the precision and the response vector::
+
+    A = A0 + sum_i w_i x_i x_i^T        A0 = prior_strength * I
+    b = b0 + sum_i w_i r_i x_i          b0 = prior_strength * prior_mean * e_0
+
+(``e_0`` the intercept coordinate, ``intercept_index``), so the posterior mean
+``theta = A^-1 b`` starts at ``prior_mean`` on the intercept and zero elsewhere, and with a zero
+prior mean it is the ridge solution ``(X^T W X + lambda I)^-1 X^T W r``, ``lambda`` the strength.
+
+``A`` and ``b`` are the truth; ``theta`` and the covariance factor ``L^T`` (``L L^T = A^-1``) are
+derived from them from scratch (Cholesky, then a triangular inverse) and cached, never updated
+incrementally, so no numerical drift accumulates in them. An arm is re-factorised when it has
+learned at least ``refactor_every`` rows since its last factorisation and is next needed to
+decide; reading the scoring view or drift statistics refreshes any arm with newer rows.
+Deciding never factorises an arm that has not changed.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import numpy as np
+
+from learner.linalg import (
+    NotPositiveDefinite,
+    factorise,
+    precision_norm_from_factor,
+    prior_factor,
+    spectral_norm_spd,
+)
+from learner.policies.base import Drift, Policy, valid_dim
+from learner.policies.errors import NumericalError, StateFormatError
+
+
+class LinearPolicy(Policy):
+    """Mechanics shared by LinUCB, LinTS and their shared-model variants.
+
+    Parameters (besides those of :class:`~learner.policies.base.Policy`):
+
+    - ``refactor_every``: rows an arm may learn before deciding re-factorises it (>= 1); with
+      1 every decision uses the exact posterior, larger values trade freshness for decide time.
+    - ``intercept_index``: coordinate of the intercept, where the prior mean goes (None: none).
+    - ``prior_strength`` must be > 0: it is the ridge penalty that keeps ``A`` invertible.
+    """
+
+    _stat_names: ClassVar[tuple[str, ...]] = ("A", "b")
+    _packed: ClassVar[frozenset[str]] = frozenset({"A"})
+    _scoring_names: ClassVar[tuple[str, ...]] = ("theta", "L")
+
+    def __init__(self, dim: int, *, refactor_every: int = 1, intercept_index: int | None = 0, **kwargs: Any) -> None:
+        if isinstance(refactor_every, bool) or int(refactor_every) != refactor_every or refactor_every < 1:
+            raise ValueError(f"refactor_every must be an int >= 1, got {refactor_every!r}")
+        d = valid_dim(dim)
+        if intercept_index is not None and not 0 <= intercept_index < d:
+            raise ValueError(f"intercept_index must be None or in [0, dim={d}), got {intercept_index!r}")
+        self.refactor_every = int(refactor_every)
+        self.intercept_index = None if intercept_index is None else int(intercept_index)
+        self._stale: set[int] = set()
+        self._eye = np.eye(d)
+        super().__init__(dim, **kwargs)
+
+    def _check_prior(self, mean: float, strength: float, what: str) -> None:
+        super()._check_prior(mean, strength, what)
+        if strength <= 0.0:
+            raise ValueError(f"{what} needs a strength > 0 (the ridge penalty), got {strength}")
+
+    # --- statistics ------------------------------------------------------------------------------
+
+    def _stat_shapes(self) -> dict[str, tuple[int, ...]]:
+        return {"A": (self.dim, self.dim), "b": (self.dim,)}
+
+    def _prior_stats(self, mean: np.ndarray, strength: np.ndarray) -> dict[str, np.ndarray]:
+        A = strength[:, None, None] * self._eye
+        b = np.zeros((len(mean), self.dim))
+        if self.intercept_index is not None:
+            b[:, self.intercept_index] = strength * mean
+        return {"A": A, "b": b}
+
+    def _cache_specs(self) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+        d = self.dim
+        return {
+            "theta": ((d,), np.dtype(np.float64)),
+            "LT": ((d, d), np.dtype(np.float64)),
+            "since": ((), np.dtype(np.int64)),
+        }
+
+    def _reset_cache(self, slots: np.ndarray) -> None:
+        # At the prior A = s I and b = s m e_0, so theta = m e_0 and L^T = I / sqrt(s): no solve.
+        theta = np.zeros((len(slots), self.dim))
+        if self.intercept_index is not None:
+            theta[:, self.intercept_index] = self._arrays["pmean"][slots]
+        self._arrays["theta"][slots] = theta
+        self._arrays["LT"][slots] = prior_factor(self._arrays["pstrength"][slots], self.dim)
+        self._arrays["since"][slots] = 0
+        self._stale.difference_update(slots.tolist())
+
+    def _accumulate(
+        self, slots: np.ndarray, starts: np.ndarray, counts: np.ndarray, X: np.ndarray, r: np.ndarray, w: np.ndarray
+    ) -> None:
+        # Z = W^1/2 X makes Z^T Z = X^T W X one symmetric rank-k product (BLAS syrk: exactly
+        # symmetric and half the flops of a general product); Z^T (W^1/2 r) = X^T W r.
+        sw = np.sqrt(w)
+        Z = X * sw[:, None]
+        zr = r * sw
+        A = self._arrays["A"]
+        b = self._arrays["b"]
+        for slot, lo, k in zip(slots.tolist(), starts.tolist(), counts.tolist()):
+            Za = Z[lo : lo + k]
+            A[slot] += Za.T @ Za
+            b[slot] += Za.T @ zr[lo : lo + k]
+
+    def _invalidate(self, slots: np.ndarray, counts: np.ndarray) -> None:
+        since = self._arrays["since"]
+        since[slots] = np.where(counts < 0, self.refactor_every, since[slots] + counts)
+        self._stale.update(slots.tolist())
+
+    def _check_loaded(self, slots: np.ndarray) -> None:
+        try:
+            self._refresh(slots, force=True)
+        except NumericalError as exc:
+            raise StateFormatError(f"loaded precision is not positive definite: {exc}") from exc
+
+    # --- factorisation ---------------------------------------------------------------------------
+
+    def _refresh(self, slots: np.ndarray, force: bool = False) -> None:
+        """Re-factorise those of ``slots`` that are due (``force``: any with newer rows)."""
+        if not self._stale:
+            return
+        since = self._arrays["since"][slots]
+        due = since > 0 if force else since >= self.refactor_every
+        if not due.any():
+            return
+        need = np.unique(slots[due])
+        try:
+            theta, LT = factorise(self._arrays["A"][need], self._arrays["b"][need])
+        except NotPositiveDefinite as exc:
+            arms = [self._arms[s] for s in need.tolist()]
+            raise NumericalError(f"precision of arm(s) {arms!r} is not positive definite") from exc
+        self._arrays["theta"][need] = theta
+        self._arrays["LT"][need] = LT
+        self._arrays["since"][need] = 0
+        self._stale.difference_update(need.tolist())
+
+    def posterior_mean(self, arm: Any) -> np.ndarray:
+        """``theta = A^-1 b`` of one arm (of the shared model: arm ``""``), freshly factorised."""
+        slot = self._existing_slot(arm)
+        self._refresh(np.array([slot]), force=True)
+        return self._arrays["theta"][slot].copy()
+
+    # --- scoring ---------------------------------------------------------------------------------
+
+    def _mean_width(self, X: np.ndarray, slots: np.ndarray, contiguous: int) -> tuple[np.ndarray, np.ndarray]:
+        """Per candidate k: ``x_k . theta_a`` and ``||L_a^T x_k||`` for its own arm a (disjoint)."""
+        self._refresh(slots)
+        if contiguous >= 0:
+            end = contiguous + len(slots)
+            theta = self._arrays["theta"][contiguous:end]
+            LT = self._arrays["LT"][contiguous:end]
+        else:
+            theta = self._arrays["theta"][slots]
+            LT = self._arrays["LT"][slots]
+        mean = np.einsum("kd,kd->k", theta, X)
+        Y = np.matmul(LT, X[:, :, None])[:, :, 0]
+        return mean, np.sqrt(np.einsum("kd,kd->k", Y, Y))
+
+    def _shared_terms(self, X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """For the one shared model: ``X theta`` (K,) and ``M = X L`` (K, d), rows ``L^T x_k``."""
+        self._refresh(np.zeros(1, dtype=np.intp))
+        return X @ self._arrays["theta"][0], X @ self._arrays["LT"][0].T
+
+    def _scoring_shapes(self) -> dict[str, tuple[int, ...]]:
+        return {"theta": (self.dim,), "L": (self.dim, self.dim)}
+
+    def _scoring_stack(self, slots: np.ndarray) -> dict[str, np.ndarray]:
+        self._refresh(slots, force=True)
+        return {
+            "theta": self._arrays["theta"][slots].copy(),
+            "L": np.swapaxes(self._arrays["LT"][slots], 1, 2).copy(),
+        }
+
+    def _load_scoring_stack(self, slots: np.ndarray, arrays: Any) -> None:
+        self._arrays["theta"][slots] = arrays["theta"]
+        self._arrays["LT"][slots] = np.swapaxes(arrays["L"], 1, 2)
+        self._arrays["since"][slots] = 0
+        self._stale.difference_update(slots.tolist())
+
+    def _drift(self, slot: int) -> Drift:
+        if not self._scoring_only:
+            self._refresh(np.array([slot]), force=True)
+        LT = self._arrays["LT"][slot]
+        trace = float(np.einsum("ij,ij->", LT, LT))  # trace(A^-1) = ||L||_F^2
+        if self._scoring_only:
+            return Drift(trace, precision_norm_from_factor(LT))
+        return Drift(trace, spectral_norm_spd(self._arrays["A"][slot]))
+
+    @classmethod
+    def _unit_test_params(cls) -> dict[str, Any]:
+        return {"dim": 4, "eps0": 0.1, "seed": 0, "prior_strength": 1.0}

@@ -1,0 +1,803 @@
+"""What every bandit policy shares: arms, priors, forgetting, batching, the floor, rng, bytes.
+
+A policy module implements only its core (which statistics an arm keeps, how a batch adds to
+them, how candidates are scored); :class:`Policy` owns the mechanics, in the order they run:
+
+1. **Arms.** Ids are strings (ints are accepted as aliases of their decimal string, so
+   ``3`` and ``"3"`` are one arm). An arm first seen among the candidates of
+   :meth:`~Policy.probabilities`, or in a batch, enters at its prior.
+2. **Priors.** ``prior_mean`` and ``prior_strength`` (pseudo-observations) for every arm, with
+   per-arm overrides in ``arm_priors = {arm: (mean, strength)}``. Each policy documents what its
+   prior statistics are (linear: ``A0 = strength * I``, ``b0 = strength * mean * e_0``).
+3. **Batches and forgetting.** :meth:`~Policy.update_batch` groups rows by arm (one stable sort)
+   and applies each arm's rows as one rank-k update. With forgetting ``gamma`` in (0, 1], every
+   *row* an arm learns first discounts that arm's statistics toward its prior::
+
+       S <- gamma * S + (1 - gamma) * S0 + w * f(x, r)          (one row)
+
+   so k rows of one arm in a batch are, exactly as k sequential updates,::
+
+       S <- gamma^k * S + (1 - gamma^k) * S0 + sum_i gamma^(k-i) * w_i * f(x_i, r_i)
+
+   Forgetting is counted in the arm's own updates, not in wall-clock time or in other arms'
+   updates: an arm that is not played keeps what it knew (each arm has one writer, see DESIGN).
+   Pulling toward the prior rather than toward zero keeps a forgotten precision invertible.
+4. **Deciding.** :meth:`~Policy.probabilities` asks the policy for its distribution over the K
+   candidates, mixes in the exploration floor ``p = (1 - eps0) * p_policy + eps0 / K`` and draws
+   the choice from that very distribution with the rng, so the reported probability of the
+   chosen action is the probability it was drawn with.
+5. **Bytes.** :meth:`~Policy.to_bytes` / :meth:`~Policy.from_bytes` for a whole policy and
+   :meth:`~Policy.arm_state_bytes` / :meth:`~Policy.load_arm_state` for one arm (one store value
+   per (domain, arm)). Layout, all little-endian::
+
+       magic b"BSPS" | major u8 | minor u8 | reserved u16 | header length u32
+       | header: UTF-8 JSON {policy, kind, view, dim, arrays: [[name, dtype, shape], ...], ...}
+       | zero padding to 8 bytes | raw arrays in header order | CRC-32 of all preceding bytes u32
+
+   Only ``<f8`` and ``<i8`` arrays, no pickle. Anything else raises :class:`StateFormatError`.
+6. **Scoring view.** :meth:`~Policy.scoring_view` builds a policy that holds only what deciding
+   needs (for linear policies the posterior mean and covariance factor per arm), so the SDK
+   scores without inverting anything; it serialises like any policy and refuses to learn.
+
+    >>> import numpy as np
+    >>> from learner.policies import make_policy
+    >>> policy = make_policy("lin_ucb", dim=3, alpha=1.0, eps0=0.1, seed=7)
+    >>> X = np.array([[1.0, 0.2, -0.1], [1.0, 0.5, 0.3]])
+    >>> policy.update_batch(X, ["a", "b"], [1.0, 0.0])
+    ['a', 'b']
+    >>> choice = policy.probabilities(np.array([[1.0, 0.1, 0.0]] * 2), ["a", "b"])
+    >>> round(float(choice.probabilities.sum()), 12), bool(choice.probabilities.min() >= 0.1 / 2)
+    (1.0, True)
+    >>> type(policy).from_bytes(policy.to_bytes()).arm_ids()
+    ['a', 'b']
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import json
+import math
+import struct
+import threading
+import zlib
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar, NamedTuple
+
+import numpy as np
+
+from learner.linalg import pack_symmetric, packed_size, unpack_symmetric
+from learner.policies.errors import ScoringOnlyError, StateFormatError
+
+__all__ = ["SHARED_ARM", "Choice", "Drift", "Policy", "Prior", "canonical_arm"]
+
+#: The arm id under which a model shared across arms keeps its one state.
+SHARED_ARM = ""
+
+_MAGIC = b"BSPS"
+FORMAT_MAJOR = 1
+FORMAT_MINOR = 0
+_HEAD = struct.Struct("<4sBBHI")
+_CRC = struct.Struct("<I")
+_DTYPES = {"<f8": np.dtype("<f8"), "<i8": np.dtype("<i8")}
+_INITIAL_CAPACITY = 8
+
+
+class Prior(NamedTuple):
+    """Prior of one arm: the mean reward it starts at and its weight in pseudo-observations."""
+
+    mean: float
+    strength: float
+
+
+class Choice(NamedTuple):
+    """One decision: the full distribution over the candidates, the index drawn from it and its
+    probability (``probabilities[chosen]``)."""
+
+    probabilities: np.ndarray
+    chosen: int
+    probability: float
+
+
+class Drift(NamedTuple):
+    """Drift statistic of one arm for guards: trace of the posterior covariance and ``||A||_2``."""
+
+    cov_trace: float
+    spectral_norm: float
+
+
+def canonical_arm(arm: Any) -> str:
+    """The string id of an arm; an int (or numpy integer) becomes its decimal string."""
+    if isinstance(arm, str):
+        return str(arm)
+    if isinstance(arm, (int, np.integer)) and not isinstance(arm, (bool, np.bool_)):
+        return str(int(arm))
+    raise TypeError(f"arm ids must be str (or int), got {type(arm).__name__}: {arm!r}")
+
+
+def valid_dim(dim: Any) -> int:
+    """``dim`` as an int, or a ValueError saying what was expected."""
+    if isinstance(dim, bool) or not isinstance(dim, (int, np.integer)) or dim < 1:
+        raise ValueError(f"dim must be a positive int, got {dim!r}")
+    return int(dim)
+
+
+@functools.cache
+def _param_names(cls: type) -> tuple[str, ...]:
+    names: list[str] = []
+    for klass in cls.__mro__:
+        init = klass.__dict__.get("__init__")
+        if init is None or klass is object:
+            continue
+        for p in inspect.signature(init).parameters.values():
+            if p.name == "self" or p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+                continue
+            if p.name not in names:
+                names.append(p.name)
+    return tuple(names)
+
+
+class Policy:
+    """Base of every policy; see the module docstring for the mechanics it owns.
+
+    Parameters common to every policy:
+
+    - ``dim``: length of the feature rows X (the FeatureConfig's dimension; intercept at 0).
+    - ``eps0``: exploration floor in [0, 1]; every candidate gets probability >= eps0 / K.
+    - ``gamma``: forgetting factor in (0, 1]; 1 never forgets.
+    - ``prior_mean``, ``prior_strength``: the prior every arm starts at.
+    - ``arm_priors``: ``{arm: (mean, strength)}`` overriding the prior per arm.
+    - ``seed``: seeds the policy's own generator, used when ``probabilities`` gets no rng.
+
+    Not thread-safe for learning; concurrent ``probabilities`` calls are safe once the
+    candidates' arms exist (registering a new arm takes a lock).
+    """
+
+    #: Registry name (``POLICIES`` key) and the ``policy`` field of the state header.
+    name: ClassVar[str] = ""
+    #: One model over action-dependent rows (state under :data:`SHARED_ARM`), not one per arm.
+    shared: ClassVar[bool] = False
+    #: Per-arm sufficient statistics, in serialisation order.
+    _stat_names: ClassVar[tuple[str, ...]] = ()
+    #: Statistics that are symmetric d x d matrices, stored as their upper triangle.
+    _packed: ClassVar[frozenset[str]] = frozenset()
+    #: Names of the scoring view's per-arm arrays.
+    _scoring_names: ClassVar[tuple[str, ...]] = ()
+
+    def __init__(
+        self,
+        dim: int,
+        *,
+        eps0: float = 0.05,
+        gamma: float = 1.0,
+        prior_mean: float = 0.0,
+        prior_strength: float = 1.0,
+        arm_priors: Mapping[str, Any] | None = None,
+        seed: int | None = None,
+    ) -> None:
+        dim = valid_dim(dim)
+        if not 0.0 <= eps0 <= 1.0:
+            raise ValueError(f"eps0 must be in [0, 1], got {eps0!r}")
+        if not 0.0 < gamma <= 1.0:
+            raise ValueError(f"gamma must be in (0, 1], got {gamma!r}")
+        self.dim = int(dim)
+        self.eps0 = float(eps0)
+        self.gamma = float(gamma)
+        self.prior_mean = float(prior_mean)
+        self.prior_strength = float(prior_strength)
+        self._check_prior(self.prior_mean, self.prior_strength, "the default prior")
+        self.arm_priors: dict[str, Prior] = {}
+        for arm, value in (arm_priors or {}).items():
+            prior = Prior(**value) if isinstance(value, Mapping) else Prior(*value)
+            prior = Prior(float(prior.mean), float(prior.strength))
+            self._check_prior(prior.mean, prior.strength, f"arm {arm!r}'s prior")
+            self.arm_priors[canonical_arm(arm)] = prior
+        self.seed = None if seed is None else int(seed)
+        self._rng = np.random.default_rng(self.seed)
+        self._scoring_only = False
+        self._slot: dict[Any, int] = {}
+        self._arms: list[str] = []
+        self._arrays: dict[str, np.ndarray] = {}
+        self._capacity = 0
+        self._lock = threading.Lock()
+        self._candidates: tuple[tuple, np.ndarray, int] | None = None
+        self._grow(_INITIAL_CAPACITY)
+        if self.shared:
+            self._register(SHARED_ARM)
+
+    # --- hooks a policy module implements --------------------------------------------------------
+
+    def _check_prior(self, mean: float, strength: float, what: str) -> None:
+        if not (math.isfinite(mean) and math.isfinite(strength) and strength >= 0.0):
+            raise ValueError(f"{what} needs a finite mean and a strength >= 0, got ({mean}, {strength})")
+
+    def _stat_shapes(self) -> dict[str, tuple[int, ...]]:
+        """Shape of each per-arm statistic (without the arm axis)."""
+        raise NotImplementedError
+
+    def _prior_stats(self, mean: np.ndarray, strength: np.ndarray) -> dict[str, np.ndarray]:
+        """Each statistic's prior value for arms with these prior means and strengths (g,)."""
+        raise NotImplementedError
+
+    def _accumulate(
+        self, slots: np.ndarray, starts: np.ndarray, counts: np.ndarray, X: np.ndarray, r: np.ndarray, w: np.ndarray
+    ) -> None:
+        """Add ``sum_i w_i f(x_i, r_i)`` to each arm's statistics.
+
+        Rows are sorted by arm: arm ``slots[j]`` owns rows ``starts[j] : starts[j] + counts[j]``;
+        ``w`` already carries the forgetting discount.
+        """
+        raise NotImplementedError
+
+    def _policy_probabilities(self, X: np.ndarray, slots: np.ndarray, contiguous: int, rng: np.random.Generator) -> np.ndarray:
+        """The policy's own distribution over the K candidates (before the floor).
+
+        ``slots`` are the candidates' arm slots; ``contiguous`` is the first slot when they are
+        ``first, first+1, ...`` (so per-arm arrays can be sliced, not gathered), else -1.
+        """
+        raise NotImplementedError
+
+    def _drift(self, slot: int) -> Drift:
+        raise NotImplementedError
+
+    def _scoring_shapes(self) -> dict[str, tuple[int, ...]]:
+        """Shape of each per-arm scoring array; defaults to the statistics themselves."""
+        return self._stat_shapes()
+
+    def _scoring_stack(self, slots: np.ndarray) -> dict[str, np.ndarray]:
+        """The scoring view of these arms, stacked (g, ...)."""
+        return {name: self._arrays[name][slots].copy() for name in self._stat_names}
+
+    def _load_scoring_stack(self, slots: np.ndarray, arrays: Mapping[str, np.ndarray]) -> None:
+        for name in self._stat_names:
+            self._arrays[name][slots] = arrays[name]
+
+    def _cache_specs(self) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+        """Derived per-arm arrays (not serialised), e.g. factorisations."""
+        return {}
+
+    def _reset_cache(self, slots: np.ndarray) -> None:
+        """New arms are at their prior: set their derived arrays accordingly."""
+
+    def _invalidate(self, slots: np.ndarray, counts: np.ndarray) -> None:
+        """These arms' statistics changed by ``counts`` rows (or were loaded, counts = -1)."""
+
+    @classmethod
+    def _unit_test_params(cls) -> dict[str, Any]:
+        """Parameters for the generic test suite (small dim, a visible floor)."""
+        return {"dim": 4, "eps0": 0.1, "seed": 0}
+
+    # --- parameters ------------------------------------------------------------------------------
+
+    def get_params(self) -> dict[str, Any]:
+        """Constructor parameters as plain JSON-able data: ``type(p)(**p.get_params())`` clones."""
+        params: dict[str, Any] = {}
+        for name in _param_names(type(self)):
+            value = getattr(self, name)
+            if name == "arm_priors":
+                value = {arm: [prior.mean, prior.strength] for arm, prior in value.items()}
+            elif isinstance(value, tuple):
+                value = list(value)
+            params[name] = value
+        return params
+
+    def __repr__(self) -> str:
+        params = ", ".join(f"{k}={v!r}" for k, v in self.get_params().items())
+        return f"{type(self).__name__}({params})"
+
+    # --- arms ------------------------------------------------------------------------------------
+
+    def arm_ids(self) -> list[str]:
+        """Ids of every arm this policy holds state for, in the order they entered."""
+        return list(self._arms)
+
+    def prior_of(self, arm: Any) -> Prior:
+        return self.arm_priors.get(canonical_arm(arm), Prior(self.prior_mean, self.prior_strength))
+
+    def arm_statistics(self, arm: Any) -> dict[str, np.ndarray]:
+        """A copy of one arm's sufficient statistics (e.g. ``A`` and ``b``), for audit and tests."""
+        slot = self._existing_slot(arm)
+        return {name: self._arrays[name][slot].copy() for name in self._stat_names}
+
+    def update_count(self, arm: Any) -> int:
+        """Number of rows folded into this arm's state (forgetting does not lower it)."""
+        return int(self._arrays["count"][self._existing_slot(arm)])
+
+    def _existing_slot(self, arm: Any) -> int:
+        slot = self._slot.get(arm)
+        if slot is None:
+            slot = self._slot.get(canonical_arm(arm))
+            if slot is None:
+                raise KeyError(f"{type(self).__name__} holds no state for arm {arm!r}")
+        return slot
+
+    def _slot_of(self, arm: Any) -> int:
+        slot = self._slot.get(arm)
+        return self._resolve(arm) if slot is None else slot
+
+    def _resolve(self, arm: Any) -> int:
+        """Slot of an arm not found under this key: canonicalise, register if new, alias."""
+        canon = canonical_arm(arm)
+        with self._lock:
+            slot = self._slot.get(canon)
+            if slot is None:
+                slot = self._register(canon)
+            if not (type(arm) is str and arm == canon):
+                self._slot[int(arm) if not isinstance(arm, str) else arm] = slot
+        return slot
+
+    def _register(self, arm: str) -> int:
+        if len(self._arms) == self._capacity:
+            self._grow(2 * self._capacity)
+        slot = len(self._arms)
+        prior = self.arm_priors.get(arm, Prior(self.prior_mean, self.prior_strength))
+        self._arrays["pmean"][slot] = prior.mean
+        self._arrays["pstrength"][slot] = prior.strength
+        self._arrays["count"][slot] = 0
+        slots = np.array([slot])
+        for name, value in self._prior_stats(self._arrays["pmean"][slots], self._arrays["pstrength"][slots]).items():
+            self._arrays[name][slots] = value
+        self._reset_cache(slots)
+        self._arms.append(arm)
+        self._slot[arm] = slot  # published last: readers without the lock see a complete arm
+        return slot
+
+    def _grow(self, capacity: int) -> None:
+        specs: dict[str, tuple[tuple[int, ...], np.dtype]] = {
+            "count": ((), np.dtype(np.int64)),
+            "pmean": ((), np.dtype(np.float64)),
+            "pstrength": ((), np.dtype(np.float64)),
+        }
+        specs.update({name: (shape, np.dtype(np.float64)) for name, shape in self._stat_shapes().items()})
+        specs.update(self._cache_specs())
+        n = len(self._arms)
+        arrays = {}
+        for name, (shape, dtype) in specs.items():
+            new = np.zeros((capacity, *shape), dtype=dtype)
+            if name in self._arrays:
+                new[:n] = self._arrays[name][:n]
+            arrays[name] = new
+        self._arrays = arrays  # swapped in one assignment
+        self._capacity = capacity
+
+    # --- learning --------------------------------------------------------------------------------
+
+    def update_batch(
+        self,
+        X: np.ndarray,
+        arms: Sequence[Any],
+        rewards: Sequence[float] | np.ndarray,
+        weights: Sequence[float] | np.ndarray | None = None,
+    ) -> list[str]:
+        """Fold n labelled rows into the arms' statistics; returns the touched arm ids.
+
+        ``X`` (n, dim): the acted action's feature row; ``arms``: the n acted arm ids;
+        ``rewards`` (n,); ``weights`` (n,) non-negative, default 1. Equal to n sequential
+        one-row updates in the given order (see the module docstring for forgetting).
+        """
+        if self._scoring_only:
+            raise ScoringOnlyError(f"{type(self).__name__} built from a scoring view cannot learn")
+        X = self._check_rows(X, "X")
+        n = X.shape[0]
+        r = np.asarray(rewards, dtype=np.float64)
+        if r.shape != (n,):
+            raise ValueError(f"rewards has shape {r.shape}, but X has {n} rows")
+        if not np.isfinite(r).all():
+            raise ValueError("rewards must be finite")
+        if weights is None:
+            w = np.ones(n)
+        else:
+            w = np.asarray(weights, dtype=np.float64)
+            if w.shape != (n,):
+                raise ValueError(f"weights has shape {w.shape}, but X has {n} rows")
+            if not (np.isfinite(w).all() and (w >= 0).all()):
+                raise ValueError("weights must be finite and >= 0")
+        if len(arms) != n:
+            raise ValueError(f"arms has {len(arms)} ids, but X has {n} rows")
+        if n == 0:
+            return []
+
+        if self.shared:
+            slots = np.zeros(1, dtype=np.intp)
+            starts = np.zeros(1, dtype=np.intp)
+            counts = np.array([n], dtype=np.intp)
+            rank_from_end = np.arange(n - 1, -1, -1) if self.gamma < 1.0 else None
+        else:
+            seq = arms.tolist() if isinstance(arms, np.ndarray) else arms
+            get = self._slot.get
+            raw = [get(a) for a in seq]
+            if None in raw:
+                raw = [self._slot_of(a) if s is None else s for a, s in zip(seq, raw)]
+            row_slots = np.array(raw, dtype=np.intp)
+            order = np.argsort(row_slots, kind="stable")
+            sorted_slots = row_slots[order]
+            slots, starts, counts = np.unique(sorted_slots, return_index=True, return_counts=True)
+            if len(slots) > 1:
+                X, r, w = X[order], r[order], w[order]
+            if self.gamma < 1.0:
+                ends = np.repeat(starts + counts, counts)
+                rank_from_end = ends - 1 - np.arange(n)
+            else:
+                rank_from_end = None
+
+        if rank_from_end is not None:
+            w = w * self.gamma ** rank_from_end
+            self._forget(slots, self.gamma ** counts.astype(np.float64))
+        self._accumulate(slots, starts, counts, np.asarray(X), r, w)
+        self._arrays["count"][slots] += counts
+        self._invalidate(slots, counts)
+        return [self._arms[s] for s in slots.tolist()]
+
+    def _forget(self, slots: np.ndarray, decay: np.ndarray) -> None:
+        prior = self._prior_stats(self._arrays["pmean"][slots], self._arrays["pstrength"][slots])
+        for name in self._stat_names:
+            stat = self._arrays[name]
+            keep = decay.reshape((-1,) + (1,) * (stat.ndim - 1))
+            stat[slots] = keep * stat[slots] + (1.0 - keep) * prior[name]
+
+    def _check_rows(self, X: Any, what: str) -> np.ndarray:
+        X = np.asarray(X, dtype=np.float64)
+        if X.ndim != 2 or X.shape[1] != self.dim:
+            raise ValueError(f"{what} has shape {X.shape}, but {type(self).__name__} expects (n, {self.dim})")
+        if not np.isfinite(X).all():
+            raise ValueError(f"{what} must be finite (NaN or inf found)")
+        return X
+
+    # --- deciding --------------------------------------------------------------------------------
+
+    def probabilities(
+        self,
+        X: np.ndarray,
+        arms: Sequence[Any],
+        rng: np.random.Generator | int | None = None,
+    ) -> Choice:
+        """Distribution over the K candidates, floor mixed in, and one choice drawn from it.
+
+        ``X`` (K, dim): candidate rows (for per-arm models each row is the context vector);
+        ``arms``: the K candidate ids (new ones enter at their prior); ``rng``: a numpy
+        Generator, a seed, or None for the policy's own generator.
+        """
+        X = self._check_rows(X, "X")
+        K = X.shape[0]
+        if K == 0:
+            raise ValueError("probabilities needs at least one candidate")
+        if len(arms) != K:
+            raise ValueError(f"arms has {len(arms)} ids, but X has {K} rows")
+        if rng is None:
+            gen = self._rng
+        elif isinstance(rng, np.random.Generator):
+            gen = rng
+        else:
+            gen = np.random.default_rng(rng)
+        slots, contiguous = self._candidate_slots(arms)
+        p = self._policy_probabilities(X, slots, contiguous, gen)
+        if self.eps0 > 0.0:
+            p *= 1.0 - self.eps0
+            p += self.eps0 / K
+        chosen = draw_index(p, gen.random())
+        return Choice(p, chosen, float(p[chosen]))
+
+    def _candidate_slots(self, arms: Sequence[Any]) -> tuple[np.ndarray, int]:
+        key = arms if isinstance(arms, tuple) else tuple(arms.tolist() if isinstance(arms, np.ndarray) else arms)
+        cached = self._candidates
+        if cached is not None and cached[0] == key:
+            return cached[1], cached[2]
+        K = len(key)
+        if self.shared:
+            slots = np.zeros(K, dtype=np.intp)
+            contiguous = -1
+        else:
+            slots = np.fromiter((self._slot_of(a) for a in key), dtype=np.intp, count=K)
+            if len(set(slots.tolist())) != K:
+                raise ValueError(f"candidate ids must be distinct, got {list(key)!r}")
+            first = int(slots[0])
+            contiguous = first if np.array_equal(slots, np.arange(first, first + K)) else -1
+        self._candidates = (key, slots, contiguous)  # one assignment: atomic for readers
+        return slots, contiguous
+
+    # --- guards and scoring view -----------------------------------------------------------------
+
+    def drift(self, arm: Any) -> Drift:
+        """(trace of the posterior covariance, spectral norm of A) of one arm, for guards."""
+        return self._drift(self._existing_slot(arm))
+
+    def scoring_arrays(self, arm: Any) -> dict[str, np.ndarray]:
+        """What deciding needs of one arm, as plain arrays (e.g. ``theta`` and ``L``)."""
+        slot = self._existing_slot(arm)
+        stack = self._scoring_stack(np.array([slot]))
+        return {name: value[0] for name, value in stack.items()}
+
+    @classmethod
+    def from_scoring(cls, params: Mapping[str, Any], arms: Mapping[str, Mapping[str, np.ndarray]]) -> Policy:
+        """A scoring-only policy from ``params`` and ``{arm: scoring_arrays(arm)}``."""
+        policy = cls(**params)
+        policy._scoring_only = True
+        ids = list(arms)
+        slots = np.array([policy._slot_of(a) for a in ids], dtype=np.intp)
+        if ids:
+            stacked = {
+                name: np.stack([np.asarray(arms[a][name], dtype=np.float64) for a in ids]) for name in cls._scoring_names
+            }
+            count = np.array([int(np.asarray(arms[a].get("count", 0))) for a in ids], dtype=np.int64)
+            policy._load_view(slots, stacked, "scoring", count=count)
+        return policy
+
+    def scoring_view(self) -> Policy:
+        """A scoring-only copy holding every arm's scoring arrays (what a snapshot carries)."""
+        slots = np.arange(len(self._arms))
+        view = type(self)(**self.get_params())
+        view._scoring_only = True
+        for arm in self._arms:
+            view._slot_of(arm)
+        view._load_view(slots, self._scoring_stack(slots), "scoring", count=self._arrays["count"][slots])
+        return view
+
+    @property
+    def scoring_only(self) -> bool:
+        return self._scoring_only
+
+    # --- bytes -----------------------------------------------------------------------------------
+
+    def _view(self) -> str:
+        return "scoring" if self._scoring_only else "full"
+
+    def _view_shapes(self, view: str) -> dict[str, tuple[int, ...]]:
+        if view == "full":
+            shapes = {
+                name: (packed_size(self.dim),) if name in self._packed else shape
+                for name, shape in self._stat_shapes().items()
+            }
+        else:
+            shapes = dict(self._scoring_shapes())
+        shapes["count"] = ()
+        return shapes
+
+    def _view_arrays(self, slots: np.ndarray) -> dict[str, np.ndarray]:
+        if self._scoring_only:
+            arrays = self._scoring_stack(slots)
+        else:
+            arrays = {}
+            for name in self._stat_names:
+                value = self._arrays[name][slots]
+                arrays[name] = pack_symmetric(value) if name in self._packed else value
+        arrays["count"] = self._arrays["count"][slots]
+        return arrays
+
+    def _load_view(self, slots: np.ndarray, arrays: Mapping[str, np.ndarray], view: str, count: np.ndarray | None) -> None:
+        """Check shapes and values of stacked arrays for ``slots`` against ``view`` and load them."""
+        shapes = self._view_shapes(view)
+        g = len(slots)
+        if count is not None:
+            arrays = {**arrays, "count": np.asarray(count)}
+        if set(arrays) != set(shapes):
+            raise StateFormatError(
+                f"{self.name} {view} state needs arrays {sorted(shapes)}, the blob has {sorted(arrays)}"
+            )
+        for name, shape in shapes.items():
+            value = arrays[name]
+            if value.shape != (g, *shape):
+                raise StateFormatError(f"array {name!r} has shape {value.shape[1:]}, {self.name} at dim={self.dim} needs {shape}")
+            if value.dtype.kind == "f" and not np.isfinite(value).all():
+                raise StateFormatError(f"array {name!r} holds NaN or inf")
+        if (np.asarray(arrays["count"]) < 0).any():
+            raise StateFormatError("negative update count")
+        self._arrays["count"][slots] = arrays["count"]
+        if view == "full":
+            previous = {name: self._arrays[name][slots] for name in self._stat_names}
+            for name in self._stat_names:
+                value = arrays[name]
+                self._arrays[name][slots] = unpack_symmetric(value, self.dim) if name in self._packed else value
+            self._invalidate(slots, np.full(g, -1))
+            try:
+                self._check_loaded(slots)
+            except StateFormatError:
+                for name, value in previous.items():  # refuse the blob, keep what we had
+                    self._arrays[name][slots] = value
+                self._invalidate(slots, np.full(g, -1))
+                raise
+        else:
+            self._load_scoring_stack(slots, arrays)
+
+    def _check_loaded(self, slots: np.ndarray) -> None:
+        """Policy-specific sanity checks of freshly loaded statistics (raise StateFormatError)."""
+
+    def to_bytes(self) -> bytes:
+        """The whole policy: parameters, arm ids and every arm's state (or scoring view)."""
+        slots = np.arange(len(self._arms))
+        header = {
+            "policy": self.name,
+            "kind": "policy",
+            "view": self._view(),
+            "dim": self.dim,
+            "params": self.get_params(),
+            "arms": list(self._arms),
+        }
+        return _encode(header, self._view_arrays(slots))
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> Policy:
+        """Rebuild a policy from :meth:`to_bytes`. On ``Policy`` itself any registered policy loads.
+
+        The generator restarts from ``seed``; derived factorisations are rebuilt lazily.
+        """
+        header, arrays = _decode(data)
+        if header.get("kind") != "policy":
+            raise StateFormatError(f"expected a whole-policy state, got kind {header.get('kind')!r}")
+        klass = cls._resolve_class(header.get("policy"))
+        params = header.get("params")
+        arms = header.get("arms")
+        if not isinstance(params, dict) or not isinstance(arms, list) or not all(isinstance(a, str) for a in arms):
+            raise StateFormatError("policy header lacks params or arms")
+        try:
+            policy = klass(**params)
+        except (TypeError, ValueError) as exc:
+            raise StateFormatError(f"parameters in the header do not build {klass.__name__}: {exc}") from exc
+        if header.get("dim") != policy.dim:
+            raise StateFormatError(f"header dim {header.get('dim')!r} disagrees with params dim {policy.dim}")
+        view = header.get("view")
+        if view not in ("full", "scoring"):
+            raise StateFormatError(f"unknown view {view!r}")
+        policy._scoring_only = view == "scoring"
+        slots = np.array([policy._slot_of(a) for a in arms], dtype=np.intp)
+        if len(set(slots.tolist())) != len(arms):
+            raise StateFormatError("duplicate arm ids in the header")
+        policy._load_view(slots, arrays, view, count=None)
+        return policy
+
+    @classmethod
+    def _resolve_class(cls, name: Any) -> type[Policy]:
+        if cls.name:
+            if name != cls.name:
+                raise StateFormatError(f"state was written by policy {name!r}, not {cls.name!r}")
+            return cls
+        from learner.policies import POLICIES  # the registry lives in the package, which imports us
+
+        if name not in POLICIES:
+            raise StateFormatError(f"state was written by unknown policy {name!r}")
+        return POLICIES[name]
+
+    def arm_state_bytes(self, arm: Any) -> bytes:
+        """One arm's state as its own blob: a store keeps one value per (domain, arm)."""
+        slot = self._existing_slot(arm)
+        arrays = {name: value[0] for name, value in self._view_arrays(np.array([slot])).items()}
+        header = {"policy": self.name, "kind": "arm", "view": self._view(), "dim": self.dim, "arm": self._arms[slot]}
+        return _encode(header, arrays)
+
+    def load_arm_state(self, arm: Any, data: bytes) -> None:
+        """Replace (or create) one arm's state from :meth:`arm_state_bytes` of the same arm."""
+        header, arrays = _decode(data)
+        canon = canonical_arm(arm)
+        if header.get("kind") != "arm":
+            raise StateFormatError(f"expected one arm's state, got kind {header.get('kind')!r}")
+        if header.get("policy") != self.name:
+            raise StateFormatError(f"state was written by policy {header.get('policy')!r}, not {self.name!r}")
+        if header.get("dim") != self.dim:
+            raise StateFormatError(f"state has dim {header.get('dim')!r}, this policy has dim {self.dim}")
+        if header.get("view") != self._view():
+            raise StateFormatError(f"state is a {header.get('view')!r} view, this policy holds a {self._view()!r} view")
+        if header.get("arm") != canon:
+            raise StateFormatError(f"state belongs to arm {header.get('arm')!r}, not {canon!r}")
+        slot = self._slot_of(arm)
+        stacked = {name: value[None, ...] for name, value in arrays.items()}
+        self._load_view(np.array([slot]), stacked, self._view(), count=None)
+
+
+# --- shared decision rules -------------------------------------------------------------------------
+
+
+def draw_index(p: np.ndarray, u: float) -> int:
+    """The index an inverse-CDF draw with uniform ``u`` in [0, 1) picks from distribution ``p``.
+
+    Never picks an index of probability 0 (the running sum must strictly exceed ``u * total``).
+    """
+    if len(p) > 64:
+        cdf = np.cumsum(p)
+        i = int(np.searchsorted(cdf, u * cdf[-1], side="right"))
+        return i if i < len(p) else int(np.flatnonzero(p)[-1])
+    values = p.tolist()  # a short Python loop beats cumsum + searchsorted for a handful of arms
+    target = u * math.fsum(values)
+    acc = 0.0
+    last = 0
+    for i, pi in enumerate(values):
+        if pi > 0.0:
+            acc += pi
+            last = i
+            if target < acc:
+                return i
+    return last
+
+
+def greedy_distribution(scores: np.ndarray) -> np.ndarray:
+    """Argmax as a distribution: the best score's candidates share probability 1 evenly."""
+    best = scores == scores.max()
+    return best / np.count_nonzero(best)
+
+
+def argmax_frequencies(draws: np.ndarray) -> np.ndarray:
+    """Share of the rows of ``draws`` (n_draws, K) in which each column is the largest."""
+    n, K = draws.shape
+    return np.bincount(draws.argmax(axis=1), minlength=K) / n
+
+
+def gaussian_argmax_frequencies(
+    mean: np.ndarray, perturb: Any, n_draws: int, rng: np.random.Generator, width: int
+) -> np.ndarray:
+    """Thompson frequencies for scores ``mean + perturb(z)``, z standard normal (rows of ``width``).
+
+    ``perturb`` maps a (m, width) block of standard normals to (m, K) zero-mean score noise and
+    must be linear (so ``perturb(-z) = -perturb(z)``): draws come in antithetic pairs, ``z`` and
+    ``-z``, each a draw from the posterior, which halves the normals needed and the variance of
+    the estimate of a symmetric posterior.
+    """
+    half = (n_draws + 1) // 2
+    noise = perturb(rng.standard_normal((half, width)))
+    K = mean.shape[0]
+    scores = np.empty((n_draws, K))
+    scores[:half] = noise
+    np.negative(noise[: n_draws - half], out=scores[half:])
+    scores += mean
+    return np.bincount(scores.argmax(axis=1), minlength=K) / n_draws
+
+
+# --- the binary frame ------------------------------------------------------------------------------
+
+
+def _encode(header: dict[str, Any], arrays: Mapping[str, np.ndarray]) -> bytes:
+    parts: list[bytes] = []
+    spec = []
+    for name, value in arrays.items():
+        value = np.asarray(value)
+        dtype = "<i8" if value.dtype.kind in "iu" else "<f8"
+        spec.append([name, dtype, list(value.shape)])
+        parts.append(np.ascontiguousarray(value, dtype=_DTYPES[dtype]).tobytes())
+    header = {**header, "arrays": spec}
+    text = json.dumps(header, sort_keys=True, separators=(",", ":"), allow_nan=False).encode("utf-8")
+    pad = b"\0" * (-(_HEAD.size + len(text)) % 8)
+    body = b"".join([_HEAD.pack(_MAGIC, FORMAT_MAJOR, FORMAT_MINOR, 0, len(text)), text, pad, *parts])
+    return body + _CRC.pack(zlib.crc32(body))
+
+
+def _decode(data: bytes) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """Header and arrays of a blob; every way it can be wrong is a :class:`StateFormatError`."""
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise StateFormatError(f"state must be bytes, got {type(data).__name__}")
+    data = bytes(data)
+    if len(data) < _HEAD.size + _CRC.size:
+        raise StateFormatError(f"state of {len(data)} bytes is too short to be a policy state")
+    magic, major, _minor, _reserved, header_len = _HEAD.unpack_from(data)
+    if magic != _MAGIC:
+        raise StateFormatError(f"not a banditstream policy state (magic {magic!r}, expected {_MAGIC!r})")
+    if major != FORMAT_MAJOR:
+        raise StateFormatError(f"state format major version {major}, this reader reads {FORMAT_MAJOR}")
+    (crc,) = _CRC.unpack_from(data, len(data) - _CRC.size)
+    body = memoryview(data)[: len(data) - _CRC.size]
+    if zlib.crc32(body) != crc:
+        raise StateFormatError("state checksum mismatch (damaged or truncated)")
+    start = _HEAD.size + header_len
+    if start > len(body):
+        raise StateFormatError("header length runs past the end of the state")
+    try:
+        header = json.loads(bytes(body[_HEAD.size : start]).decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise StateFormatError(f"header is not JSON: {exc}") from exc
+    if not isinstance(header, dict) or not isinstance(header.get("arrays"), list):
+        raise StateFormatError("header lacks the array table")
+    offset = start + (-start % 8)
+    arrays: dict[str, np.ndarray] = {}
+    for entry in header["arrays"]:
+        try:
+            name, dtype_name, shape = entry
+            dtype = _DTYPES[dtype_name]
+            shape = tuple(int(s) for s in shape)
+        except (TypeError, ValueError, KeyError) as exc:
+            raise StateFormatError(f"bad array entry {entry!r} in the header") from exc
+        if any(s < 0 for s in shape) or not isinstance(name, str) or name in arrays:
+            raise StateFormatError(f"bad array entry {entry!r} in the header")
+        size = math.prod(shape) * dtype.itemsize
+        if offset + size > len(body):
+            raise StateFormatError(f"array {name!r} runs past the end of the state")
+        arrays[name] = np.frombuffer(body, dtype=dtype, count=math.prod(shape), offset=offset).reshape(shape).copy()
+        offset += size
+    if offset != len(body):
+        raise StateFormatError(f"{len(body) - offset} unexplained bytes after the arrays")
+    return header, arrays

@@ -1,0 +1,498 @@
+"""One suite every registered policy passes, plus the linear policies' closed forms.
+
+Each policy's ``_unit_test_params()`` builds it; every test below runs for every name in
+``POLICIES`` unless it proves something only some policies promise (ridge solution, drift of a
+precision matrix, Beta segments).
+"""
+
+from __future__ import annotations
+
+import doctest
+import importlib
+import math
+import struct
+import zlib
+
+import numpy as np
+import pytest
+
+from learner.policies import (
+    POLICIES,
+    SHARED_ARM,
+    Policy,
+    ScoringOnlyError,
+    StateFormatError,
+    make_policy,
+)
+
+NAMES = sorted(POLICIES)
+LINEAR = ["lin_ts", "lin_ucb", "shared_lin_ts", "shared_lin_ucb"]
+ARMS = ["a", "b", "c"]
+
+
+def build(name: str, **overrides) -> Policy:
+    cls = POLICIES[name]
+    return cls(**{**cls._unit_test_params(), **overrides})
+
+
+def rows(policy: Policy, n: int, rng: np.random.Generator) -> np.ndarray:
+    """Rows with an intercept and features; columns 1 and 2 are zero half the time each, so
+    beta_ts (segment_slots [1, 2]) sees every segment."""
+    X = np.column_stack([np.ones(n), rng.normal(size=(n, policy.dim - 1))])
+    X[:, 1:3] *= rng.random((n, 2)) < 0.5
+    return X
+
+
+def labelled(policy: Policy, n: int, seed: int, arms=ARMS):
+    rng = np.random.default_rng(seed)
+    X = rows(policy, n, rng)
+    return X, list(rng.choice(arms, size=n)), rng.random(n), rng.uniform(0.2, 2.0, size=n)
+
+
+def statistics(policy: Policy) -> dict[str, dict[str, np.ndarray]]:
+    return {arm: policy.arm_statistics(arm) for arm in policy.arm_ids()}
+
+
+def assert_same_statistics(left: Policy, right: Policy, rtol: float = 0.0, atol: float = 0.0) -> None:
+    assert left.arm_ids() == right.arm_ids()
+    for arm in left.arm_ids():
+        assert left.update_count(arm) == right.update_count(arm)
+        a, b = left.arm_statistics(arm), right.arm_statistics(arm)
+        assert a.keys() == b.keys()
+        for name in a:
+            np.testing.assert_allclose(a[name], b[name], rtol=rtol, atol=atol, err_msg=f"{arm}/{name}")
+
+
+def decisions(policy: Policy, seed: int, n: int = 200, rng=None) -> list[tuple[int, tuple[float, ...]]]:
+    gen = np.random.default_rng(seed)
+    out = []
+    for _ in range(n):
+        X = np.broadcast_to(rows(policy, 1, gen)[0], (len(ARMS), policy.dim))
+        choice = policy.probabilities(X, ARMS, rng)
+        out.append((choice.chosen, tuple(choice.probabilities.tolist())))
+    return out
+
+
+def trained(name: str, **overrides) -> Policy:
+    policy = build(name, **overrides)
+    X, arms, r, w = labelled(policy, 300, seed=1)
+    policy.update_batch(X, arms, r, w)
+    return policy
+
+
+# --- the distribution ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_probabilities_form_a_distribution_above_the_floor(name):
+    policy = trained(name)
+    rng = np.random.default_rng(5)
+    for trial in range(60):
+        K = 1 + trial % 6
+        arms = [f"arm{(trial + k) % 8}" for k in range(K)]  # known and brand-new arms mixed
+        choice = policy.probabilities(rows(policy, K, rng), arms, rng)
+        p = choice.probabilities
+        assert p.shape == (K,)
+        assert abs(p.sum() - 1.0) <= 1e-12
+        assert (p >= 0).all()
+        assert (p >= policy.eps0 / K - 1e-15).all()
+        assert 0 <= choice.chosen < K
+        assert choice.probability == p[choice.chosen] > 0
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_choice_is_drawn_from_the_reported_distribution(name):
+    """Over many decisions on a fixed state, each candidate is chosen as often as the reported
+    probabilities say (for Thompson sampling: the estimated distribution the choice is drawn from)."""
+    policy = trained(name, eps0=0.05)
+    X = np.broadcast_to(rows(policy, 1, np.random.default_rng(3))[0], (len(ARMS), policy.dim))
+    rng = np.random.default_rng(11)
+    n = 6000
+    chosen = np.zeros(len(ARMS))
+    reported = np.zeros(len(ARMS))
+    for _ in range(n):
+        choice = policy.probabilities(X, ARMS, rng)
+        chosen[choice.chosen] += 1
+        reported += choice.probabilities
+    freq, p = chosen / n, reported / n
+    tolerance = 5 * np.sqrt(p * (1 - p) / n) + 1e-3
+    assert (np.abs(freq - p) <= tolerance).all(), (freq, p)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_same_seed_gives_the_same_choices_and_different_seeds_differ(name):
+    assert decisions(trained(name, seed=1), 9) == decisions(trained(name, seed=1), 9)
+    assert decisions(trained(name, seed=1), 9) != decisions(trained(name, seed=2), 9)
+    assert [c for c, _ in decisions(build(name, seed=1), 9)] != [c for c, _ in decisions(build(name, seed=2), 9)]
+    # an explicit rng (seed or Generator) overrides the policy's own generator
+    assert decisions(trained(name, seed=1), 4, 50, rng=np.random.default_rng(3)) == decisions(
+        trained(name, seed=2), 4, 50, rng=np.random.default_rng(3)
+    )
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_arm_first_seen_among_candidates_enters_at_its_prior(name):
+    prior = (0.3, 2.5)
+    policy = trained(name, arm_priors={"newcomer": prior})
+    fresh = build(name, prior_mean=prior[0], prior_strength=prior[1])
+    X = rows(policy, 2, np.random.default_rng(0))
+    policy.probabilities(X, ["a", "newcomer"])
+    if policy.shared:
+        assert policy.arm_ids() == [SHARED_ARM]  # one model: a new action needs no state
+        return
+    assert "newcomer" in policy.arm_ids()
+    assert policy.update_count("newcomer") == 0
+    fresh.probabilities(X[:1], ["newcomer"])
+    for stat, value in fresh.arm_statistics("newcomer").items():
+        np.testing.assert_array_equal(policy.arm_statistics("newcomer")[stat], value)
+
+
+# --- learning --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("gamma", [1.0, 0.9])
+@pytest.mark.parametrize("name", NAMES)
+def test_batch_update_equals_sequential_updates(name, gamma):
+    batched, sequential, chunked = (build(name, gamma=gamma) for _ in range(3))
+    X, arms, r, w = labelled(batched, 120, seed=2)
+    touched = batched.update_batch(X, arms, r, w)
+    assert sorted(touched) == ([SHARED_ARM] if batched.shared else sorted(set(arms)))
+    for i in range(len(r)):
+        sequential.update_batch(X[i : i + 1], arms[i : i + 1], r[i : i + 1], w[i : i + 1])
+    for lo in range(0, len(r), 25):
+        chunked.update_batch(X[lo : lo + 25], arms[lo : lo + 25], r[lo : lo + 25], w[lo : lo + 25])
+    assert_same_statistics(batched, sequential, rtol=1e-10, atol=1e-10)
+    assert_same_statistics(batched, chunked, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_forgetting_tracks_a_change_of_rewards(name):
+    """With gamma < 1 the estimate follows a reward that changes; with gamma = 1 it averages."""
+    forgetful, steadfast = build(name, gamma=0.95, eps0=0.0), build(name, gamma=1.0, eps0=0.0)
+    X = np.zeros((400, forgetful.dim))
+    X[:, 0] = 1.0
+    r = np.r_[np.full(200, 1.0), np.full(200, 0.0)]
+    arms = ["a"] * 200 + ["a"] * 200
+    for policy in (forgetful, steadfast):
+        policy.update_batch(X[:200], arms[:200], r[:200])
+        policy.update_batch(X[200:], arms[200:], r[200:])
+    cand = X[:2]
+
+    def mean_of_a(policy):
+        stats = policy.arm_statistics(SHARED_ARM if policy.shared else "a")
+        if "A" in stats:
+            return float(np.linalg.solve(stats["A"], stats["b"]) @ cand[0])
+        if "alpha" in stats:
+            return float(stats["alpha"][-1] / (stats["alpha"][-1] + stats["beta"][-1]))
+        return float(stats["s"] / stats["n"])
+
+    assert mean_of_a(forgetful) < 0.1
+    assert mean_of_a(steadfast) > 0.3
+    policy_rows = build(name).probabilities(cand, ["a", "b"])  # still a distribution afterwards
+    assert abs(policy_rows.probabilities.sum() - 1) < 1e-12
+
+
+@pytest.mark.parametrize("name", LINEAR)
+def test_posterior_mean_is_the_closed_form_ridge_solution(name):
+    lam = 2.5
+    policy = build(name, dim=6, prior_strength=lam, prior_mean=0.0)
+    rng = np.random.default_rng(7)
+    n = 400
+    X = np.column_stack([np.ones(n), rng.normal(size=(n, 5))])
+    y = X @ rng.normal(size=6) + rng.normal(scale=0.3, size=n)
+    w = rng.uniform(0.5, 2.0, size=n)
+    arms = list(rng.choice(ARMS, size=n))
+    for lo in range(0, n, 64):
+        policy.update_batch(X[lo : lo + 64], arms[lo : lo + 64], y[lo : lo + 64], w[lo : lo + 64])
+    groups = {SHARED_ARM: np.ones(n, bool)} if policy.shared else {a: np.array(arms) == a for a in ARMS}
+    for arm, mask in groups.items():
+        Xa, ya, wa = X[mask], y[mask], w[mask]
+        ridge = np.linalg.solve(Xa.T @ (wa[:, None] * Xa) + lam * np.eye(6), Xa.T @ (wa * ya))
+        np.testing.assert_allclose(policy.posterior_mean(arm), ridge, rtol=0, atol=1e-8)
+        np.testing.assert_allclose(policy.scoring_arrays(arm)["theta"], ridge, rtol=0, atol=1e-8)
+        L = policy.scoring_arrays(arm)["L"]
+        cov = np.linalg.inv(Xa.T @ (wa[:, None] * Xa) + lam * np.eye(6))
+        np.testing.assert_allclose(L @ L.T, cov, rtol=0, atol=1e-10)
+        np.testing.assert_array_equal(L, np.triu(L))
+
+
+@pytest.mark.parametrize("name", LINEAR)
+def test_drift_is_covariance_trace_and_spectral_norm_of_A(name):
+    policy = trained(name)
+    view = policy.scoring_view()
+    for arm in policy.arm_ids():
+        A = policy.arm_statistics(arm)["A"]
+        trace, norm = policy.drift(arm)
+        assert trace == pytest.approx(np.trace(np.linalg.inv(A)), rel=1e-10)
+        assert norm == pytest.approx(np.linalg.eigvalsh(A).max(), rel=1e-10)
+        assert view.drift(arm) == pytest.approx((trace, norm), rel=1e-8)
+
+
+@pytest.mark.parametrize("name", ["lin_ucb", "shared_lin_ts"])
+def test_deciding_refactorises_only_arms_that_are_due(name, monkeypatch):
+    import learner.policies._linear as linear
+
+    calls = []
+    real = linear.factorise
+    monkeypatch.setattr(linear, "factorise", lambda A, b: calls.append(len(A)) or real(A, b))
+    policy = build(name, refactor_every=3)
+    X, arms, r, _ = labelled(policy, 30, seed=3)
+    cand = rows(policy, len(ARMS), np.random.default_rng(1))
+    policy.update_batch(X, arms, r)
+    policy.probabilities(cand, ARMS)
+    first = len(calls)
+    assert first >= 1
+    for _ in range(20):
+        policy.probabilities(cand, ARMS)
+    assert len(calls) == first  # nothing changed: no re-factorisation however often we decide
+    policy.update_batch(X[:2], ["a", "a"], r[:2])  # two rows < refactor_every
+    policy.probabilities(cand, ARMS)
+    assert len(calls) == first
+    policy.update_batch(X[:1], ["a"], r[:1])  # third row: due
+    policy.probabilities(cand, ARMS)
+    assert len(calls) == first + 1
+
+
+def test_thompson_probability_estimates_the_chance_a_posterior_draw_wins():
+    """Two disjoint arms: a draw of arm k's score is N(mu_k, v^2 s_k^2), so P(a beats b) is
+    Phi((mu_a - mu_b) / v sqrt(s_a^2 + s_b^2)); the estimate from n_draws draws is within its error."""
+    policy = trained("lin_ts", eps0=0.0, n_draws=20_000, v=0.8)
+    x = np.array([1.0, 0.4, -0.3, 0.2])
+    view = {arm: policy.scoring_arrays(arm) for arm in ("a", "b")}
+    mu = {arm: x @ view[arm]["theta"] for arm in view}
+    sd = {arm: 0.8 * np.linalg.norm(view[arm]["L"].T @ x) for arm in view}
+    exact = 0.5 * (1 + math.erf((mu["a"] - mu["b"]) / math.sqrt(2 * (sd["a"] ** 2 + sd["b"] ** 2))))
+    estimate = policy.probabilities(np.tile(x, (2, 1)), ["a", "b"], rng=1).probabilities[0]
+    assert abs(estimate - exact) < 4 * 0.5 / math.sqrt(20_000)
+
+
+def test_beta_ts_learns_each_segment_separately():
+    policy = make_policy("beta_ts", dim=4, segment_slots=[1, 2], eps0=0.0, n_draws=400, seed=0)
+    seg0, seg1, other = [1.0, 1.0, 0.0, 0.3], [1.0, 0.0, -1.0, 0.3], [1.0, 0.0, 0.0, 0.3]
+    assert policy.segments(np.array([seg0, seg1, other])).tolist() == [0, 1, 2]
+    X = np.array([seg0, seg0, seg1, seg1] * 40)
+    policy.update_batch(X, ["x", "y", "x", "y"] * 40, [0.9, 0.1, 0.1, 0.9] * 40)
+    assert policy.probabilities(np.array([seg0, seg0]), ["x", "y"]).probabilities[0] > 0.99
+    assert policy.probabilities(np.array([seg1, seg1]), ["x", "y"]).probabilities[1] > 0.99
+    stats = policy.arm_statistics("x")
+    np.testing.assert_allclose(stats["alpha"], [1 + 40 * 0.9, 1 + 40 * 0.1, 1])
+    np.testing.assert_allclose(stats["beta"], [1 + 40 * 0.1, 1 + 40 * 0.9, 1])
+
+
+def test_epsilon_decays_with_the_rows_learned():
+    policy = make_policy("epsilon_greedy", dim=1, eps_start=0.8, decay=0.9, eps_min=0.1)
+    assert policy.epsilon() == 0.8
+    policy.update_batch(np.ones((3, 1)), ["a", "b", "a"], [1.0, 0.0, 1.0])
+    assert policy.epsilon() == pytest.approx(0.8 * 0.9**3)
+    policy.update_batch(np.ones((100, 1)), ["a"] * 100, np.ones(100))
+    assert policy.epsilon() == 0.1
+
+
+# --- state -----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_whole_policy_round_trips_through_bytes(name):
+    policy = trained(name, gamma=0.97, arm_priors={"b": (0.4, 3.0)})
+    blob = policy.to_bytes()
+    for loaded in (type(policy).from_bytes(blob), Policy.from_bytes(blob)):
+        assert type(loaded) is type(policy)
+        assert loaded.get_params() == policy.get_params()
+        assert_same_statistics(loaded, policy)
+        assert decisions(loaded, 5, 30, rng=np.random.default_rng(8)) == decisions(policy, 5, 30, rng=np.random.default_rng(8))
+        assert loaded.to_bytes() == blob
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_each_arm_round_trips_through_its_own_blob(name):
+    policy = trained(name)
+    restored = build(name)
+    for arm in policy.arm_ids():
+        restored.load_arm_state(arm, policy.arm_state_bytes(arm))
+    assert_same_statistics(restored, policy)
+    assert decisions(restored, 5, 30, rng=np.random.default_rng(8)) == decisions(policy, 5, 30, rng=np.random.default_rng(8))
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_scoring_view_decides_like_the_policy_and_refuses_to_learn(name):
+    policy = trained(name)
+    expected = decisions(policy, 5, 40, rng=np.random.default_rng(8))
+    view = policy.scoring_view()
+    from_arrays = type(policy).from_scoring(
+        policy.get_params(),
+        {arm: {**policy.scoring_arrays(arm), "count": policy.update_count(arm)} for arm in policy.arm_ids()},
+    )
+    for scorer in (view, Policy.from_bytes(view.to_bytes()), from_arrays):
+        assert scorer.scoring_only
+        got = decisions(scorer, 5, 40, rng=np.random.default_rng(8))
+        assert [c for c, _ in got] == [c for c, _ in expected]
+        np.testing.assert_allclose([p for _, p in got], [p for _, p in expected], rtol=0, atol=1e-12)
+        X, arms, r, _ = labelled(policy, 3, seed=0)
+        with pytest.raises(ScoringOnlyError):
+            scorer.update_batch(X, arms, r)
+    arm = policy.arm_ids()[0]
+    restored = type(policy).from_bytes(view.to_bytes())
+    restored.load_arm_state(arm, view.arm_state_bytes(arm))  # per-arm scoring blobs too
+    with pytest.raises(StateFormatError):
+        build(name).load_arm_state(arm, view.arm_state_bytes(arm))  # a view is not learning state
+
+
+def _reframe(blob: bytes, major: int) -> bytes:
+    """The same blob claiming another format major version, with a valid checksum."""
+    body = bytearray(blob[:-4])
+    body[4] = major
+    return bytes(body) + struct.pack("<I", zlib.crc32(bytes(body)))
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_foreign_or_corrupt_state_raises_state_format_error(name):
+    policy = trained(name)
+    arm = policy.arm_ids()[0]
+    blob, arm_blob = policy.to_bytes(), policy.arm_state_bytes(arm)
+    flipped = bytearray(blob)
+    flipped[len(blob) // 2] ^= 0x40
+    other_name = "softmax" if name != "softmax" else "ucb1"
+    other = trained(other_name)
+    bad_blobs = [
+        b"",
+        b"not a policy at all",
+        b"\x00" * 64,
+        bytes(flipped),
+        blob[:-9],
+        b"XXXX" + blob[4:],
+        _reframe(blob, 2),
+        other.to_bytes(),
+    ]
+    for bad in bad_blobs:
+        with pytest.raises(StateFormatError):
+            type(policy).from_bytes(bad)
+    with pytest.raises(StateFormatError):
+        Policy.from_bytes(bytes(flipped))
+    fresh = build(name)
+    for bad in [
+        blob,  # a whole policy is not one arm
+        arm_blob[:-1],
+        _reframe(arm_blob, 0),
+        other.arm_state_bytes(other.arm_ids()[0]),
+        trained(name, dim=6).arm_state_bytes(arm),  # another dimension
+    ]:
+        with pytest.raises(StateFormatError):
+            fresh.load_arm_state(arm, bad)
+    if not policy.shared:
+        with pytest.raises(StateFormatError):
+            fresh.load_arm_state("somebody-else", arm_blob)
+
+
+def test_non_positive_definite_precision_is_refused_on_load():
+    policy = trained("lin_ucb")
+    stats = policy.arm_statistics("a")
+    broken = build("lin_ucb")
+    broken.load_arm_state("a", policy.arm_state_bytes("a"))
+    from learner.policies import base
+
+    header = {"policy": "lin_ucb", "kind": "arm", "view": "full", "dim": policy.dim, "arm": "a"}
+    arrays = {"A": -stats["A"][np.triu_indices(policy.dim)], "b": stats["b"], "count": np.array(3)}
+    with pytest.raises(StateFormatError, match="positive definite"):
+        broken.load_arm_state("a", base._encode(header, arrays))
+
+
+# --- boundaries ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_inputs_are_validated_at_the_boundary(name):
+    policy = build(name)
+    X = rows(policy, 3, np.random.default_rng(0))
+    with pytest.raises(ValueError, match=rf"expects \(n, {policy.dim}\)"):
+        policy.probabilities(X[:, :-1], ARMS)
+    with pytest.raises(ValueError, match="3 rows"):
+        policy.update_batch(X, ARMS[:2], [1.0, 0.0])
+    with pytest.raises(ValueError, match="finite"):
+        policy.update_batch(X, ARMS, [1.0, np.nan, 0.0])
+    with pytest.raises(ValueError, match=">= 0"):
+        policy.update_batch(X, ARMS, [1.0, 1.0, 0.0], [1.0, -1.0, 1.0])
+    if not policy.shared:
+        with pytest.raises(ValueError, match="distinct"):
+            policy.probabilities(X, ["a", "b", "a"])
+    with pytest.raises(ValueError, match="unknown policy"):
+        make_policy("no_such_policy", dim=3)
+
+
+def test_int_arm_ids_are_aliases_of_their_decimal_strings():
+    policy = make_policy("lin_ucb", dim=2, seed=0)
+    X = np.array([[1.0, 0.5], [1.0, -0.5], [1.0, 0.1]])
+    assert policy.update_batch(X, np.array([3, 7, 3]), [1.0, 0.0, 0.5]) == ["3", "7"]
+    assert policy.arm_ids() == ["3", "7"]
+    assert policy.update_count(3) == policy.update_count("3") == 2
+    assert policy.arm_state_bytes(np.int64(7)) == policy.arm_state_bytes("7")
+    policy.probabilities(X[:2], ["3", 7])
+    assert policy.arm_ids() == ["3", "7"]
+
+
+# --- learning in a simulated environment -----------------------------------------------------------
+
+SIM_ARMS, SIM_DIM, SIM_STEPS, SIM_BATCH = 5, 8, 20_000, 50
+SIM_PARAMS = {
+    "lin_ucb": {"alpha": 0.3},
+    "lin_ts": {"v": 0.2},
+    "shared_lin_ucb": {"alpha": 0.3},
+    "shared_lin_ts": {"v": 0.2},
+    "softmax": {"temperature": 0.05},
+}
+
+
+@pytest.fixture(scope="module")
+def environment():
+    """5 arms, x = (1, z), z ~ N(0, I_7): mu_k(x) = bias_k + x . beta_k, noise sd 0.1.
+
+    The biases make a clear best arm on average (what context-free policies can find); the
+    context terms (sd about 0.26) make the best arm change with x (what linear policies exploit).
+    """
+    rng = np.random.default_rng(2024)
+    theta = np.column_stack([[0.2, 0.35, 0.5, 0.65, 0.8], rng.normal(scale=0.1, size=(SIM_ARMS, SIM_DIM - 1))])
+    contexts = np.column_stack([np.ones(SIM_STEPS), rng.normal(size=(SIM_STEPS, SIM_DIM - 1))])
+    means = contexts @ theta.T
+    return contexts, means, rng.normal(scale=0.1, size=(SIM_STEPS, SIM_ARMS))
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_every_policy_beats_uniform_random_in_a_linear_environment(name, environment):
+    contexts, means, noise = environment
+    cls = POLICIES[name]
+    # Shared models see the arm through its rows: block k of row k holds x (one-hot arm x context).
+    dim = SIM_ARMS * SIM_DIM if cls.shared else SIM_DIM
+    policy = cls(**{**cls._unit_test_params(), "eps0": 0.05, "dim": dim, **SIM_PARAMS.get(name, {})})
+    arms = [f"arm{k}" for k in range(SIM_ARMS)]
+    blocks = np.eye(SIM_ARMS)
+    rng = np.random.default_rng(0)
+    regret = 0.0
+    for start in range(0, SIM_STEPS, SIM_BATCH):
+        acted, chosen = [], []
+        for t in range(start, start + SIM_BATCH):
+            X = np.kron(blocks, contexts[t]) if cls.shared else np.broadcast_to(contexts[t], (SIM_ARMS, SIM_DIM))
+            k = policy.probabilities(X, arms, rng).chosen
+            acted.append(X[k])
+            chosen.append(k)
+        idx = np.arange(start, start + SIM_BATCH)
+        chosen = np.array(chosen)
+        policy.update_batch(np.array(acted), [arms[k] for k in chosen], means[idx, chosen] + noise[idx, chosen])
+        regret += float((means[idx].max(axis=1) - means[idx, chosen]).sum())
+    uniform = float((means.max(axis=1) - means.mean(axis=1)).sum())
+    best_fixed = float((means.max(axis=1) - means[:, means.mean(axis=0).argmax()]).sum())
+    assert regret < 0.35 * uniform, (regret, uniform)
+    if name in LINEAR:  # contextual: better than any single arm could ever be
+        assert regret < 0.5 * best_fixed, (regret, best_fixed)
+
+
+# --- documentation -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "module",
+    ["learner.policies", "learner.policies.base", "learner.linalg"]
+    + sorted({POLICIES[name].__module__ for name in NAMES}),
+)
+def test_docstring_examples_run(module):
+    result = doctest.testmod(importlib.import_module(module), optionflags=doctest.ELLIPSIS)
+    assert result.attempted > 0
+    assert result.failed == 0
