@@ -1,0 +1,435 @@
+"""Fixed-dimension feature vectors from a DecisionEvent's context and actions.
+
+The steps, in the order :class:`FeatureEncoder` applies them:
+
+1. **Keys.** Every feature becomes a namespaced key: context numeric ``c/n/<name>``,
+   categorical ``c/c/<name>=<value>`` (value 1), dense vector ``c/v/<i>``; the same with ``a/``
+   for an action's features, and ``a/id=<id>`` (value 1) for the action id itself in shared
+   models. (The separator is the ASCII unit separator, so no name can forge another key.)
+2. **Signed hashing.** A key's 64-bit keyed BLAKE2b digest ``h`` (key: ``FeatureConfig.seed``)
+   picks slot ``off + h mod m`` and sign ``-1`` if bit 63 of ``h`` is set else ``+1``, where
+   ``off`` is 1 with an intercept (slot 0 holds 1.0) and ``m = dimension - off``. Colliding
+   features add with independent signs, so inner products of hashed vectors are unbiased
+   (Weinberger et al. 2009). Digests are cached per key; nothing depends on Python's ``hash()``,
+   so vectors are identical across processes, machines and ``PYTHONHASHSEED``.
+3. **Normalisation.** With ``normalize``, a numeric feature enters as its z-score
+   ``clip((x - mean) / std, -clip, clip)`` under the running mean and (population) standard
+   deviation a :class:`Normalizer` keeps per feature name (Welford); a feature not yet seen, or
+   without spread, enters as 0. Encoding never updates the statistics: :meth:`FeatureEncoder.observe`
+   does, so the worker learns them and a snapshot ships them frozen (:meth:`Normalizer.freeze`).
+   Categorical indicators and dense vectors are not normalised.
+4. **Rows per candidate.** Per-arm models (``shared=False``): every candidate's row is the
+   context vector (the arm's own model tells them apart; action features are not used).
+   Shared models (``shared=True``): row k is intercept + context + action k's features (+ its id),
+   and with ``interactions`` also every product ``context feature x action k feature``, hashed
+   from the pair's digests (``splitmix64(h_c * phi xor h_a)``), so one linear model can learn
+   how each action's value depends on the context.
+
+    >>> config = FeatureConfig(dimension=16, shared=True, interactions=True, normalize=False)
+    >>> encoder = FeatureEncoder(config)
+    >>> context = {"numeric": {"tokens": 3.0}, "categorical": {"intent": "billing"}}
+    >>> actions = [{"id": "gpt"}, {"id": "small", "features": {"numeric": {"cost": 0.1}}}]
+    >>> encoder.action_matrix(context, actions).shape
+    (2, 16)
+    >>> config.config_hash() == FeatureConfig(dimension=16, shared=True, interactions=True, normalize=False).config_hash()
+    True
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+__all__ = ["FEATURE_FORMAT", "FeatureConfig", "FeatureEncoder", "FrozenNormalizerError", "Normalizer"]
+
+#: Version of the encoding itself (keys, hash, layout); part of every config hash.
+FEATURE_FORMAT = 1
+
+_SEP = "\x1f"
+_PERSON = b"banditstream/f1"
+_PHI = np.uint64(0x9E3779B97F4A7C15)
+_M1 = np.uint64(0xBF58476D1CE4E5B9)
+_M2 = np.uint64(0x94D049BB133111EB)
+_CACHE_LIMIT = 1 << 18
+
+
+@dataclass(frozen=True)
+class FeatureConfig:
+    """How a domain's features are encoded; its :meth:`config_hash` travels with every vector.
+
+    - ``dimension``: length of every vector, intercept included.
+    - ``shared``: rows for one model shared across arms (action features, interactions) instead
+      of the context vector for per-arm models.
+    - ``interactions``: add hashed context x action products (needs ``shared``).
+    - ``normalize``: z-score numeric features with the running statistics.
+    - ``intercept``: slot 0 is a constant 1.0 (the policies put their prior mean there).
+    - ``action_id``: in shared rows, hash the action id as a categorical action feature.
+    - ``vector_dim``, ``action_vector_dim``: length of the optional dense vectors (0: none).
+    - ``clip``: bound on the absolute z-score.
+    - ``seed``: key of the hash; another seed gives an independent hashing.
+    """
+
+    dimension: int = 64
+    shared: bool = False
+    interactions: bool = False
+    normalize: bool = True
+    intercept: bool = True
+    action_id: bool = True
+    vector_dim: int = 0
+    action_vector_dim: int = 0
+    clip: float = 5.0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("dimension", "vector_dim", "action_vector_dim", "seed"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ValueError(f"{name} must be an int, got {value!r}")
+        for name in ("shared", "interactions", "normalize", "intercept", "action_id"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
+        if self.dimension < 1 + int(self.intercept):
+            raise ValueError(f"dimension must leave at least one hashed slot, got {self.dimension}")
+        if self.vector_dim < 0 or self.action_vector_dim < 0:
+            raise ValueError("vector_dim and action_vector_dim must be >= 0")
+        if self.interactions and not self.shared:
+            raise ValueError("interactions need shared=True: per-arm models see the context vector only")
+        if not (isinstance(self.clip, (int, float)) and self.clip > 0 and math.isfinite(self.clip)):
+            raise ValueError(f"clip must be finite and > 0, got {self.clip!r}")
+        if not 0 <= self.seed < 2**64:
+            raise ValueError(f"seed must be in [0, 2**64), got {self.seed}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> FeatureConfig:
+        return cls(**data)
+
+    def config_hash(self) -> str:
+        """First 16 hex digits of SHA-256 over the canonical JSON of every field and the format."""
+        fields = {**self.to_dict(), "clip": float(self.clip), "format": FEATURE_FORMAT}
+        text = json.dumps(fields, sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
+
+
+class FrozenNormalizerError(RuntimeError):
+    """A frozen normaliser (as shipped in a snapshot) was asked to learn."""
+
+
+class Normalizer:
+    """Running mean and variance per feature name (Welford), exportable as plain data.
+
+        >>> n = Normalizer()
+        >>> for x in (1.0, 2.0, 3.0, 4.0):
+        ...     n.observe("c:tokens", x)
+        >>> n.mean("c:tokens"), round(n.std("c:tokens"), 6), round(n.transform("c:tokens", 4.0), 6)
+        (2.5, 1.118034, 1.341641)
+        >>> Normalizer.from_export(n.export()).freeze().transform("c:tokens", 2.5)
+        0.0
+    """
+
+    def __init__(self, stats: Mapping[str, Sequence[float]] | None = None, *, frozen: bool = False) -> None:
+        self._stats: dict[str, list[float]] = {}
+        for name, value in (stats or {}).items():
+            count, mean, m2 = (float(v) for v in value)
+            if not (count >= 0 and m2 >= 0 and all(map(math.isfinite, (count, mean, m2)))):
+                raise ValueError(f"bad running statistics for {name!r}: {list(value)!r}")
+            self._stats[str(name)] = [count, mean, m2]
+        self._frozen = frozen
+
+    @property
+    def frozen(self) -> bool:
+        return self._frozen
+
+    def freeze(self) -> Normalizer:
+        """A frozen copy: it transforms, it never learns (what the SDK scores with)."""
+        return Normalizer(self._stats, frozen=True)
+
+    def observe(self, name: str, value: float) -> None:
+        """Fold one value of feature ``name`` into its running mean and variance."""
+        if self._frozen:
+            raise FrozenNormalizerError("this normaliser is frozen (a snapshot's); observe on the learner's copy")
+        stat = self._stats.get(name)
+        if stat is None:
+            stat = self._stats[name] = [0.0, 0.0, 0.0]
+        stat[0] += 1.0
+        delta = value - stat[1]
+        stat[1] += delta / stat[0]
+        stat[2] += delta * (value - stat[1])
+
+    def count(self, name: str) -> int:
+        stat = self._stats.get(name)
+        return 0 if stat is None else int(stat[0])
+
+    def mean(self, name: str) -> float:
+        stat = self._stats.get(name)
+        return 0.0 if stat is None else stat[1]
+
+    def std(self, name: str) -> float:
+        """Population standard deviation (``numpy.std``'s default) of what was observed."""
+        stat = self._stats.get(name)
+        return 0.0 if stat is None or stat[0] == 0 else math.sqrt(stat[2] / stat[0])
+
+    def transform(self, name: str, value: float, clip: float = math.inf) -> float:
+        """The z-score of ``value``, clipped to [-clip, clip]; 0 without statistics or spread."""
+        stat = self._stats.get(name)
+        if stat is None or stat[2] <= 0.0:
+            return 0.0
+        z = (value - stat[1]) / math.sqrt(stat[2] / stat[0])
+        return max(-clip, min(clip, z))
+
+    def names(self) -> list[str]:
+        return sorted(self._stats)
+
+    def export(self) -> dict[str, Any]:
+        """Plain data: ``{"format": 1, "features": {name: [count, mean, m2]}}``."""
+        return {"format": 1, "features": {name: list(stat) for name, stat in sorted(self._stats.items())}}
+
+    @classmethod
+    def from_export(cls, data: Mapping[str, Any], *, frozen: bool = False) -> Normalizer:
+        if data.get("format") != 1 or not isinstance(data.get("features"), Mapping):
+            raise ValueError("not a normaliser export (format 1)")
+        return cls(data["features"], frozen=frozen)
+
+
+@dataclass(frozen=True)
+class _Hashed:
+    """One Features record after hashing: digests, slots, signs and values, aligned."""
+
+    h: np.ndarray  # uint64
+    slot: np.ndarray  # intp
+    weight: np.ndarray  # sign * value
+    value: np.ndarray  # value (for interaction products)
+
+    @staticmethod
+    def empty() -> _Hashed:
+        return _Hashed(np.zeros(0, np.uint64), np.zeros(0, np.intp), np.zeros(0), np.zeros(0))
+
+
+def _splitmix(x: np.ndarray) -> np.ndarray:
+    x = x ^ (x >> np.uint64(30))
+    x = x * _M1
+    x = x ^ (x >> np.uint64(27))
+    x = x * _M2
+    return x ^ (x >> np.uint64(31))
+
+
+class FeatureEncoder:
+    """Encodes contexts and actions into float64 vectors under one :class:`FeatureConfig`.
+
+    ``normalizer``: the running statistics to z-score with (a fresh one if omitted); pass a frozen
+    one to score exactly as the snapshot's learner did. Keeps a cache of key digests.
+
+        >>> encoder = FeatureEncoder(FeatureConfig(dimension=8, normalize=False))
+        >>> v = encoder.context_vector({"numeric": {"x": 2.0}})
+        >>> v[0], float(np.abs(v[1:]).sum())
+        (np.float64(1.0), 2.0)
+    """
+
+    def __init__(self, config: FeatureConfig, normalizer: Normalizer | None = None) -> None:
+        self.config = config
+        self.normalizer = Normalizer() if normalizer is None else normalizer
+        self._offset = 1 if config.intercept else 0
+        self._m = config.dimension - self._offset
+        self._key = config.seed.to_bytes(8, "little")
+        self._cache: dict[str, tuple[int, int, float]] = {}
+        self._vectors = {
+            "c": self._vector_layout("c", config.vector_dim),
+            "a": self._vector_layout("a", config.action_vector_dim),
+        }
+
+    @property
+    def dimension(self) -> int:
+        return self.config.dimension
+
+    def config_hash(self) -> str:
+        return self.config.config_hash()
+
+    # --- hashing ---------------------------------------------------------------------------------
+
+    def _lookup(self, key: str) -> tuple[int, int, float]:
+        """(digest, slot, sign) of a feature key."""
+        hit = self._cache.get(key)
+        if hit is None:
+            if len(self._cache) >= _CACHE_LIMIT:  # high-cardinality values: stay bounded
+                self._cache.clear()
+            digest = hashlib.blake2b(key.encode("utf-8"), digest_size=8, key=self._key, person=_PERSON).digest()
+            h = int.from_bytes(digest, "little")
+            hit = self._cache[key] = (h, self._offset + h % self._m, -1.0 if h >> 63 else 1.0)
+        return hit
+
+    def _vector_layout(self, ns: str, n: int) -> _Hashed:
+        looked = [self._lookup(f"{ns}{_SEP}v{_SEP}{i}") for i in range(n)]
+        return _Hashed(
+            np.array([h for h, _, _ in looked], dtype=np.uint64),
+            np.array([s for _, s, _ in looked], dtype=np.intp),
+            np.array([g for _, _, g in looked], dtype=np.float64),  # signs; scaled per record
+            np.zeros(n),
+        )
+
+    def _hash_record(self, features: Mapping[str, Any] | None, ns: str, action_id: str | None = None) -> _Hashed:
+        """Hash one Features record (``numeric``, ``categorical``, ``vector``) in namespace ns."""
+        features = features or {}
+        hs: list[int] = []
+        slots: list[int] = []
+        signs: list[float] = []
+        values: list[float] = []
+        normalize = self.config.normalize
+        clip = self.config.clip
+        for name, x in (features.get("numeric") or {}).items():
+            x = float(x)
+            if not math.isfinite(x):
+                raise ValueError(f"numeric feature {name!r} is {x}; features must be finite")
+            h, slot, sign = self._lookup(f"{ns}{_SEP}n{_SEP}{name}")
+            hs.append(h)
+            slots.append(slot)
+            signs.append(sign)
+            values.append(self.normalizer.transform(f"{ns}:{name}", x, clip) if normalize else x)
+        for name, value in (features.get("categorical") or {}).items():
+            h, slot, sign = self._lookup(f"{ns}{_SEP}c{_SEP}{name}={value}")
+            hs.append(h)
+            slots.append(slot)
+            signs.append(sign)
+            values.append(1.0)
+        if action_id is not None:
+            h, slot, sign = self._lookup(f"{ns}{_SEP}id={action_id}")
+            hs.append(h)
+            slots.append(slot)
+            signs.append(sign)
+            values.append(1.0)
+        record = _Hashed(
+            np.array(hs, dtype=np.uint64),
+            np.array(slots, dtype=np.intp),
+            np.array(signs) * np.array(values),
+            np.array(values, dtype=np.float64),
+        )
+        vector = features.get("vector") or ()
+        if len(vector):
+            layout = self._vectors[ns]
+            if len(vector) != len(layout.h):
+                what = "context" if ns == "c" else "action"
+                raise ValueError(f"{what} vector has {len(vector)} values, but the feature config expects {len(layout.h)}")
+            v = np.asarray(vector, dtype=np.float64)
+            if not np.isfinite(v).all():
+                raise ValueError(f"{'context' if ns == 'c' else 'action'} vector must be finite")
+            record = _Hashed(
+                np.concatenate([record.h, layout.h]),
+                np.concatenate([record.slot, layout.slot]),
+                np.concatenate([record.weight, layout.weight * v]),
+                np.concatenate([record.value, v]),
+            )
+        return record
+
+    def _interactions(self, ctx: _Hashed, act: _Hashed) -> tuple[np.ndarray, np.ndarray]:
+        """Slots and weights of every context x action product."""
+        mixed = _splitmix((ctx.h[:, None] * _PHI) ^ act.h[None, :]).ravel()
+        slots = (mixed % np.uint64(self._m)).astype(np.intp) + self._offset
+        signs = 1.0 - 2.0 * (mixed >> np.uint64(63)).astype(np.float64)
+        return slots, signs * np.outer(ctx.value, act.value).ravel()
+
+    def _assemble(self, rows: list[tuple[_Hashed, _Hashed | None]]) -> np.ndarray:
+        """(n, d) matrix, row i from its (context, action or None) pair, in one bincount."""
+        d = self.config.dimension
+        index: list[np.ndarray] = []
+        weight: list[np.ndarray] = []
+        for i, (ctx, act) in enumerate(rows):
+            base = i * d
+            index.append(ctx.slot + base)
+            weight.append(ctx.weight)
+            if act is not None:
+                index.append(act.slot + base)
+                weight.append(act.weight)
+                if self.config.interactions and len(ctx.h) and len(act.h):
+                    slots, w = self._interactions(ctx, act)
+                    index.append(slots + base)
+                    weight.append(w)
+        n = len(rows)
+        out = np.bincount(np.concatenate(index), np.concatenate(weight), minlength=n * d).reshape(n, d)
+        if self.config.intercept:
+            out[:, 0] = 1.0
+        return out
+
+    def _action_records(self, actions: Sequence[Mapping[str, Any]]) -> list[_Hashed]:
+        use_id = self.config.action_id
+        return [
+            self._hash_record(action.get("features"), "a", str(action["id"]) if use_id else None) for action in actions
+        ]
+
+    # --- public encoding -------------------------------------------------------------------------
+
+    def context_vector(self, context: Mapping[str, Any]) -> np.ndarray:
+        """The context alone as a (d,) vector: the row of every candidate for per-arm models."""
+        return self._assemble([(self._hash_record(context, "c"), None)])[0]
+
+    def action_matrix(self, context: Mapping[str, Any], actions: Sequence[Mapping[str, Any]]) -> np.ndarray:
+        """(K, d) candidate rows for :meth:`Policy.probabilities`.
+
+        Per-arm models: the context vector repeated, as a read-only broadcast view (no copy);
+        shared models: row k = intercept + context + action k (+ interactions).
+        """
+        if not actions:
+            raise ValueError("actions must not be empty")
+        ctx = self._hash_record(context, "c")
+        if not self.config.shared:
+            return np.broadcast_to(self._assemble([(ctx, None)])[0], (len(actions), self.config.dimension))
+        return self._assemble([(ctx, act) for act in self._action_records(actions)])
+
+    def acted_matrix(self, events: Iterable[Mapping[str, Any]]) -> np.ndarray:
+        """(n, d): for each DecisionEvent, the row of its ``chosen`` action (what the learner folds in)."""
+        rows: list[tuple[_Hashed, _Hashed | None]] = []
+        for event in events:
+            ctx = self._hash_record(event.get("context"), "c")
+            actions = event["actions"]
+            chosen = event["chosen"]
+            if not 0 <= chosen < len(actions):
+                raise ValueError(f"chosen index {chosen} is out of range for {len(actions)} actions")
+            act = self._action_records([actions[chosen]])[0] if self.config.shared else None
+            rows.append((ctx, act))
+        if not rows:
+            return np.zeros((0, self.config.dimension))
+        return self._assemble(rows)
+
+    def context_matrix(self, contexts: Iterable[Mapping[str, Any]]) -> np.ndarray:
+        """(n, d) context vectors of many contexts in one pass."""
+        rows = [(self._hash_record(context, "c"), None) for context in contexts]
+        if not rows:
+            return np.zeros((0, self.config.dimension))
+        return self._assemble(rows)
+
+    def categorical_slots(self, name: str, values: Sequence[str]) -> list[int]:
+        """Vector coordinates of context categorical ``name=value`` for each value, e.g. the
+        ``segment_slots`` of :class:`~learner.policies.beta_ts.BetaTS`.
+
+        Raises ValueError when two of the values hash to one slot (choose another ``seed`` or a
+        larger ``dimension``). A value not listed, or another feature, can still land on a
+        listed value's slot and be read as that segment: size ``dimension`` with that in mind.
+        """
+        slots = [self._lookup(f"c{_SEP}c{_SEP}{name}={value}")[1] for value in values]
+        if len(set(slots)) != len(slots):
+            clash = [v for v, s in zip(values, slots) if slots.count(s) > 1]
+            raise ValueError(f"values {clash!r} of {name!r} collide in one slot; change the seed or the dimension")
+        return slots
+
+    # --- normalisation ---------------------------------------------------------------------------
+
+    def observe(self, context: Mapping[str, Any], actions: Sequence[Mapping[str, Any]] = ()) -> None:
+        """Fold a decision's numeric features into the normaliser (context and, for shared
+        models, the actions'). Call after encoding it, so a value never normalises itself."""
+        for name, x in ((context or {}).get("numeric") or {}).items():
+            self.normalizer.observe(f"c:{name}", float(x))
+        if self.config.shared:
+            for action in actions:
+                for name, x in ((action.get("features") or {}).get("numeric") or {}).items():
+                    self.normalizer.observe(f"a:{name}", float(x))
+
+    def observe_events(self, events: Iterable[Mapping[str, Any]]) -> None:
+        for event in events:
+            self.observe(event.get("context") or {}, event.get("actions") or ())

@@ -1,0 +1,287 @@
+"""Feature hashing, normalisation and interactions: deterministic, unbiased, asked-for only."""
+
+from __future__ import annotations
+
+import dataclasses
+import doctest
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import learner.features
+from learner.features import FeatureConfig, FeatureEncoder, FrozenNormalizerError, Normalizer
+from learner.policies import make_policy
+
+ROOT = Path(__file__).resolve().parents[1]
+
+CONFIG = FeatureConfig(dimension=48, shared=True, interactions=True, vector_dim=3, action_vector_dim=2, seed=17)
+
+
+def events(n: int, seed: int = 0) -> list[dict]:
+    """DecisionEvents as fastavro decodes them (only the fields the encoder reads)."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(n):
+        actions = [
+            {
+                "id": f"model-{k}",
+                "features": {
+                    "numeric": {"cost": float(rng.uniform(0, 2)), "latency_ms": float(rng.uniform(50, 900))},
+                    "categorical": {"family": ["gpt", "claude", "llama"][k % 3]},
+                    "vector": rng.normal(size=2).tolist(),
+                },
+            }
+            for k in range(1 + i % 4)
+        ]
+        out.append(
+            {
+                "context": {
+                    "numeric": {"tokens": float(rng.integers(10, 4000)), "temperature": float(rng.random())},
+                    "categorical": {"intent": ["billing", "tech", "sales"][i % 3], "tier": "gold" if i % 2 else "free"},
+                    "vector": rng.normal(size=3).tolist(),
+                },
+                "actions": actions,
+                "chosen": i % len(actions),
+            }
+        )
+    return out
+
+
+def encode_all(config: FeatureConfig, normalizer_export: dict, evts: list[dict]) -> bytes:
+    encoder = FeatureEncoder(config, Normalizer.from_export(normalizer_export, frozen=True))
+    parts = [encoder.acted_matrix(evts)]
+    parts += [np.ascontiguousarray(encoder.action_matrix(e["context"], e["actions"])) for e in evts]
+    parts += [encoder.context_matrix([e["context"] for e in evts])]
+    return b"".join(part.astype("<f8").tobytes() for part in parts)
+
+
+def trained_normalizer(evts: list[dict]) -> dict:
+    encoder = FeatureEncoder(CONFIG)
+    encoder.observe_events(evts)
+    return encoder.normalizer.export()
+
+
+# --- determinism -----------------------------------------------------------------------------------
+
+
+def test_vectors_are_byte_identical_in_another_process_with_another_hash_seed():
+    evts = events(40)
+    export = trained_normalizer(evts)
+    here = encode_all(CONFIG, export, evts)
+    script = (
+        "import sys, json, hashlib\n"
+        "from learner.features import FeatureConfig\n"
+        "from tests.test_features import encode_all\n"
+        "data = json.load(sys.stdin)\n"
+        "blob = encode_all(FeatureConfig(**data['config']), data['normalizer'], data['events'])\n"
+        "print(hashlib.sha256(blob).hexdigest(), len(blob))\n"
+    )
+    payload = json.dumps({"config": CONFIG.to_dict(), "normalizer": export, "events": evts})
+    for hash_seed in ("1", "4242"):
+        env = {**os.environ, "PYTHONHASHSEED": hash_seed, "PYTHONPATH": str(ROOT)}
+        done = subprocess.run(
+            [sys.executable, "-c", script], input=payload, capture_output=True, text=True, cwd=ROOT, env=env, check=True
+        )
+        assert done.stdout.split() == [hashlib.sha256(here).hexdigest(), str(len(here))]
+
+
+def test_seed_gives_an_independent_hashing():
+    context = {"numeric": {f"f{i}": 1.0 for i in range(20)}}
+    first = FeatureEncoder(FeatureConfig(dimension=64, normalize=False, seed=1)).context_vector(context)
+    again = FeatureEncoder(FeatureConfig(dimension=64, normalize=False, seed=1)).context_vector(context)
+    other = FeatureEncoder(FeatureConfig(dimension=64, normalize=False, seed=2)).context_vector(context)
+    np.testing.assert_array_equal(first, again)
+    assert not np.array_equal(first, other)
+
+
+# --- signed hashing --------------------------------------------------------------------------------
+
+
+def test_hashed_slots_are_uniform_and_signs_balanced():
+    d = 65  # 64 hashed slots after the intercept
+    encoder = FeatureEncoder(FeatureConfig(dimension=d, normalize=False))
+    n = 20_000
+    matrix = encoder.context_matrix([{"categorical": {"user": f"u{i}"}} for i in range(n)])
+    assert (matrix[:, 0] == 1.0).all()
+    hashed = matrix[:, 1:]
+    assert (np.count_nonzero(hashed, axis=1) == 1).all()  # one indicator, one slot, value +-1
+    signs = hashed.sum(axis=1)
+    assert set(np.unique(signs)) == {-1.0, 1.0}
+    assert abs((signs > 0).mean() - 0.5) < 0.02  # 4 standard errors
+    counts = np.count_nonzero(hashed, axis=0)
+    expected = n / 64
+    chi2 = float(((counts - expected) ** 2 / expected).sum())
+    assert chi2 < 130  # 63 degrees of freedom: mean 63, this is far in the tail
+
+
+def test_collisions_cancel_in_expectation_through_the_signs():
+    """With far more features than slots, inner products of hashed vectors stay unbiased over
+    independent hashings (seeds), and colliding unit features cancel instead of piling up."""
+    x = {f"f{i}": float(v) for i, v in enumerate(np.random.default_rng(0).normal(size=200))}
+    y = {name: value + 0.5 for name, value in list(x.items())[:120]}  # overlaps x on 120 names
+    exact = sum(x[name] * y[name] for name in y)
+    dots, norms = [], []
+    for seed in range(400):
+        encoder = FeatureEncoder(FeatureConfig(dimension=17, normalize=False, intercept=False, seed=seed))
+        hx, hy = encoder.context_vector({"numeric": x}), encoder.context_vector({"numeric": y})
+        dots.append(hx @ hy)
+        norms.append(hx @ hx)
+    dots, norms = np.array(dots), np.array(norms)
+    assert abs(dots.mean() - exact) < 4 * dots.std() / np.sqrt(len(dots))
+    squared = sum(v * v for v in x.values())
+    assert abs(norms.mean() - squared) < 4 * norms.std() / np.sqrt(len(norms))
+    ones = FeatureEncoder(FeatureConfig(dimension=17, normalize=False, intercept=False)).context_vector(
+        {"categorical": {f"c{i}": "on" for i in range(2000)}}
+    )
+    assert abs(ones.sum()) < 4 * np.sqrt(2000)  # without signs it would be exactly 2000
+
+
+# --- normalisation ---------------------------------------------------------------------------------
+
+
+def test_normaliser_matches_numpy_mean_and_std_on_a_stream():
+    rng = np.random.default_rng(3)
+    stream = {"c:tokens": rng.lognormal(5, 1.5, size=5000), "c:temperature": rng.uniform(size=5000) + 1e6}
+    normalizer = Normalizer()
+    for i in range(5000):
+        for name, values in stream.items():
+            normalizer.observe(name, float(values[i]))
+    for name, values in stream.items():
+        assert normalizer.count(name) == 5000
+        assert normalizer.mean(name) == pytest.approx(np.mean(values), rel=1e-12)
+        assert normalizer.std(name) == pytest.approx(np.std(values), rel=1e-9)
+        assert normalizer.transform(name, float(values[7])) == pytest.approx(
+            (values[7] - np.mean(values)) / np.std(values), abs=1e-7
+        )
+    assert normalizer.transform("c:tokens", 1e12, clip=3.0) == 3.0
+    assert normalizer.transform("c:unseen", 42.0) == 0.0
+    restored = Normalizer.from_export(json.loads(json.dumps(normalizer.export())))
+    assert restored.export() == normalizer.export()
+
+
+def test_encoder_z_scores_numerics_with_frozen_statistics_and_never_learns_while_encoding():
+    learning = FeatureEncoder(FeatureConfig(dimension=32))
+    values = np.random.default_rng(1).normal(10, 3, size=500)
+    for v in values:
+        learning.observe({"numeric": {"x": float(v)}})
+    frozen = learning.normalizer.freeze()
+    scorer = FeatureEncoder(FeatureConfig(dimension=32), frozen)
+    raw = FeatureEncoder(FeatureConfig(dimension=32, normalize=False))
+    z = (12.5 - values.mean()) / values.std()
+    np.testing.assert_allclose(
+        scorer.context_vector({"numeric": {"x": 12.5}}), raw.context_vector({"numeric": {"x": z}}), rtol=1e-12
+    )
+    before = learning.normalizer.export()
+    learning.context_vector({"numeric": {"x": 99.0}})
+    assert learning.normalizer.export() == before
+    with pytest.raises(FrozenNormalizerError):
+        scorer.observe({"numeric": {"x": 1.0}})
+    with pytest.raises(FrozenNormalizerError):
+        frozen.observe("c:x", 1.0)
+    learning.observe({"numeric": {"x": 1000.0}})  # the learner's copy moves on, the frozen one not
+    assert frozen.count("c:x") == 500 and learning.normalizer.count("c:x") == 501
+
+
+# --- rows per candidate ----------------------------------------------------------------------------
+
+
+def test_interactions_appear_only_when_asked():
+    base = dict(dimension=4096, shared=True, normalize=False, action_id=False)
+    context = {"numeric": {"u": 2.0}}
+    action = {"id": "x", "features": {"numeric": {"v": 3.0}}}
+    plain = FeatureEncoder(FeatureConfig(**base))
+    crossed = FeatureEncoder(FeatureConfig(**base, interactions=True))
+    main_effects = plain.context_vector(context) + plain.action_matrix({}, [action])[0]
+    main_effects[0] = 1.0
+    np.testing.assert_array_equal(plain.action_matrix(context, [action])[0], main_effects)
+    difference = crossed.action_matrix(context, [action])[0] - main_effects
+    assert np.count_nonzero(difference) == 1
+    assert abs(difference).max() == 6.0  # the one product u * v, with its sign
+    with pytest.raises(ValueError, match="interactions need shared"):
+        FeatureConfig(interactions=True)
+
+
+def test_per_arm_rows_are_the_context_vector_whatever_the_actions():
+    encoder = FeatureEncoder(FeatureConfig(dimension=32, normalize=False, vector_dim=3))
+    evt = events(4)[3]
+    matrix = encoder.action_matrix(evt["context"], evt["actions"])
+    assert matrix.shape == (len(evt["actions"]), 32)
+    for row in matrix:
+        np.testing.assert_array_equal(row, encoder.context_vector(evt["context"]))
+    assert not matrix.flags.writeable  # a broadcast view, not K copies
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_acted_rows_are_the_chosen_rows_of_the_candidate_matrix(shared):
+    config = dataclasses.replace(CONFIG, shared=shared, interactions=shared)
+    encoder = FeatureEncoder(config)
+    evts = events(30, seed=4)
+    encoder.observe_events(evts[:10])
+    acted = encoder.acted_matrix(evts)
+    for i, evt in enumerate(evts):
+        np.testing.assert_array_equal(acted[i], encoder.action_matrix(evt["context"], evt["actions"])[evt["chosen"]])
+    if shared:
+        # different actions of one decision get different rows
+        evt = evts[3]
+        matrix = encoder.action_matrix(evt["context"], evt["actions"])
+        assert len({row.tobytes() for row in matrix}) == len(evt["actions"])
+
+
+def test_malformed_features_are_refused_with_what_was_expected():
+    encoder = FeatureEncoder(FeatureConfig(dimension=16, vector_dim=4))
+    with pytest.raises(ValueError, match="context vector has 3 values, but the feature config expects 4"):
+        encoder.context_vector({"vector": [1.0, 2.0, 3.0]})
+    with pytest.raises(ValueError, match="finite"):
+        encoder.context_vector({"numeric": {"x": float("nan")}})
+    with pytest.raises(ValueError, match="out of range"):
+        encoder.acted_matrix([{"context": {}, "actions": [{"id": "a"}], "chosen": 1}])
+    assert encoder.context_vector({}).tolist() == [1.0] + [0.0] * 15  # no features: the intercept
+
+
+def test_categorical_slots_give_beta_ts_its_segments():
+    encoder = FeatureEncoder(FeatureConfig(dimension=1024, normalize=False))
+    intents = ["billing", "tech", "sales"]
+    slots = encoder.categorical_slots("intent", intents)
+    policy = make_policy("beta_ts", dim=1024, segment_slots=slots)
+    X = encoder.context_matrix([{"categorical": {"intent": i}, "numeric": {"n": 1.0}} for i in intents + ["other"]])
+    assert policy.segments(X).tolist() == [0, 1, 2, 3]
+    with pytest.raises(ValueError, match="collide"):  # two listed values in one slot cannot be told apart
+        FeatureEncoder(FeatureConfig(dimension=256)).categorical_slots("intent", ["sales", "other"])
+
+
+# --- configuration ---------------------------------------------------------------------------------
+
+
+def test_config_hash_is_stable_and_changes_with_every_field():
+    assert FeatureConfig().config_hash() == "781a8b8dab9f89c4"  # pinned: encoding changes must bump it
+    base = FeatureConfig(shared=True)
+    assert base.config_hash() == FeatureConfig(shared=True).config_hash()
+    assert FeatureConfig.from_dict(base.to_dict()).config_hash() == base.config_hash()
+    changed = {
+        "dimension": 65,
+        "shared": False,
+        "interactions": True,
+        "normalize": False,
+        "intercept": False,
+        "action_id": False,
+        "vector_dim": 8,
+        "action_vector_dim": 8,
+        "clip": 3.0,
+        "seed": 1,
+    }
+    assert set(changed) == {f.name for f in dataclasses.fields(FeatureConfig)}  # a new field needs a case
+    hashes = {dataclasses.replace(base, **{name: value}).config_hash() for name, value in changed.items()}
+    assert len(hashes) == len(changed) and base.config_hash() not in hashes
+    assert all(len(h) == 16 and int(h, 16) >= 0 for h in hashes)
+
+
+def test_docstring_examples_run():
+    result = doctest.testmod(learner.features)
+    assert result.attempted > 0
+    assert result.failed == 0
