@@ -14,8 +14,10 @@ Conventions shared with :mod:`streams.serde`:
   (``timestamp-millis`` is an ``int`` of epoch milliseconds). The writer accepts anything
   fastavro accepts, because a record the fast path cannot take is handed to fastavro.
 * A reader raises ``IndexError`` or ``struct.error`` when the data ends early (the caller
-  turns both into ``TruncatedPayload``) and :class:`CorruptData` for bytes that cannot be
-  Avro of the writer schema (bad union/enum index, negative length, runaway varint).
+  turns both into ``TruncatedPayload``), :class:`CorruptData` for bytes that cannot be
+  Avro of the writer schema (bad union/enum index, negative length, runaway varint) and
+  :class:`Incompatible` for a value the reader schema has no place for (a writer enum
+  symbol or union branch the reader lacks, where the spec makes that a per-value error).
 * A schema the generator does not cover (recursive named types, unions of several non-null
   branches on the write side) raises :class:`Unsupported` at build time; the caller then
   uses fastavro for that schema.
@@ -106,6 +108,10 @@ def _corrupt(message: str) -> CorruptData:
     return CorruptData(message)
 
 
+def _incompatible(message: str) -> Incompatible:
+    return Incompatible(message)
+
+
 _DOUBLE_RUNS: dict[int, Callable[[bytes, int], tuple[float, ...]]] = {}
 _FLOAT_RUNS: dict[int, Callable[[bytes, int], tuple[float, ...]]] = {}
 
@@ -171,6 +177,7 @@ _RUNTIME: dict[str, Any] = {
     "_read_long": _read_long,
     "_read_length": _read_length,
     "_corrupt": _corrupt,
+    "_incompatible": _incompatible,
     "_doubles": _doubles,
     "_floats": _floats,
     "_unpack_double": struct.Struct("<d").unpack_from,
@@ -459,7 +466,7 @@ class _ReaderGen:
         e(ind, f"if not 0 <= {index} < {len(out)}: raise _corrupt(f'enum index {{{index}}} of {w['name']}')")
         e(ind, f"{target} = {symbols}[{index}]")
         if None in out:
-            e(ind, f"if {target} is None: raise _corrupt(f'{w['name']} symbol index {{{index}}} unknown to the reader')")
+            e(ind, f"if {target} is None: raise _incompatible(f'{w['name']} symbol {{{index}}} is unknown to the reader')")
 
     def _union(self, w: list[Any], r: Any, target: str, ind: int) -> None:
         e = self.src.emit
@@ -476,7 +483,7 @@ class _ReaderGen:
                 rbranch = r if self._compatible(branch, r) else None
             if rbranch is None:
                 # Spec: an error when this branch is written, not when the schemas are paired.
-                e(ind + 1, f"raise _corrupt('union branch {i} has no match in the reader schema')")
+                e(ind + 1, f"raise _incompatible('union branch {i} of the writer has no match in the reader schema')")
             else:
                 self.read(branch, rbranch, target, ind + 1)
         e(ind, "else:")

@@ -246,14 +246,17 @@ class AvroSerde:
             raise CorruptPayload("payload", data, f"invalid UTF-8 in a string at byte {start + exc.start}") from None
         except _avrocodec.CorruptData as exc:
             raise CorruptPayload("payload", data, str(exc)) from None
+        except _avrocodec.Incompatible as exc:
+            raise IncompatibleSchema("payload", data, f"cannot be read as {self.full_name}: {exc}") from None
         return record
 
     def decode_batch(self, payloads: Iterable[bytes]) -> list[dict[str, Any] | DecodeError]:
         """Decode many payloads; a payload that fails yields its :class:`DecodeError` in place.
 
         A worker dead-letters the errors and keeps the rest, in order. Readers are compiled
-        once per writer schema and shared across the batch, so the per-record cost is the
-        body itself.
+        once per writer schema and looked up by the framing header, and bodies are read in
+        place from the payload (no copy, no stream object), so each record costs its body.
+        (Inlining the lookup here instead of calling :meth:`decode` measured no faster.)
         """
         decode = self.decode
         out: list[dict[str, Any] | DecodeError] = []
