@@ -31,27 +31,33 @@ class NotPositiveDefinite(ArithmeticError):
 
 
 @functools.cache
-def triu_indices(d: int) -> tuple[np.ndarray, np.ndarray]:
-    """Row and column indices of the upper triangle (diagonal included) of a d x d matrix."""
+def _triangle(d: int) -> tuple[np.ndarray, np.ndarray]:
+    """Flat positions (row-major) of the upper triangle of a d x d matrix, and of its mirror."""
     rows, cols = np.triu_indices(d)
-    rows.setflags(write=False)
-    cols.setflags(write=False)
-    return rows, cols
+    upper, lower = rows * d + cols, cols * d + rows
+    upper.setflags(write=False)
+    lower.setflags(write=False)
+    return upper, lower
 
 
 def pack_symmetric(M: np.ndarray) -> np.ndarray:
-    """The upper triangle of symmetric ``M`` (..., d, d) as (..., d(d+1)/2): half the bytes."""
-    rows, cols = triu_indices(M.shape[-1])
-    return M[..., rows, cols]
+    """The upper triangle of symmetric ``M`` (..., d, d), row by row, as (..., d(d+1)/2).
+
+    >>> pack_symmetric(np.array([[1.0, 2.0], [2.0, 3.0]])).tolist()
+    [1.0, 2.0, 3.0]
+    """
+    d = M.shape[-1]
+    upper, _ = _triangle(d)
+    return np.take(M.reshape(M.shape[:-2] + (d * d,)), upper, axis=-1)
 
 
 def unpack_symmetric(packed: np.ndarray, d: int) -> np.ndarray:
     """Inverse of :func:`pack_symmetric`: a full symmetric (..., d, d) matrix."""
-    rows, cols = triu_indices(d)
-    out = np.empty(packed.shape[:-1] + (d, d), dtype=np.float64)
-    out[..., rows, cols] = packed
-    out[..., cols, rows] = packed
-    return out
+    upper, lower = _triangle(d)
+    out = np.empty(packed.shape[:-1] + (d * d,), dtype=np.float64)
+    out[..., upper] = packed
+    out[..., lower] = packed
+    return out.reshape(packed.shape[:-1] + (d, d))
 
 
 def packed_size(d: int) -> int:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import doctest
 import importlib
+import itertools
 import math
 import struct
 import zlib
@@ -128,6 +129,38 @@ def test_same_seed_gives_the_same_choices_and_different_seeds_differ(name):
     assert decisions(trained(name, seed=1), 4, 50, rng=np.random.default_rng(3)) == decisions(
         trained(name, seed=2), 4, 50, rng=np.random.default_rng(3)
     )
+
+
+@pytest.mark.parametrize("name", ["epsilon_greedy", "lin_ucb", "shared_lin_ucb", "softmax", "ucb1"])
+def test_candidate_order_does_not_change_the_distribution(name):
+    """Deterministic policies score each candidate on its own: permuting the candidates permutes
+    the distribution."""
+    policy = trained(name, eps0=0.0)
+    X = np.tile(rows(policy, 1, np.random.default_rng(2))[0], (3, 1))
+    if policy.shared:
+        X[:, 1:] += np.arange(3)[:, None] * 0.3  # shared models tell candidates apart by their rows
+    full = policy.probabilities(X, ARMS).probabilities
+    for order in itertools.permutations(range(3)):
+        got = policy.probabilities(X[list(order)], [ARMS[i] for i in order]).probabilities
+        np.testing.assert_allclose(got, full[list(order)], rtol=0, atol=1e-12)
+
+
+def test_lin_ucb_scores_any_subset_or_order_of_its_arms_from_theta_and_L():
+    """Whether the candidates' arms are adjacent in memory or not, each is scored with its own
+    theta and L: the choice is the argmax of x . theta + alpha ||L^T x||."""
+    policy = build("lin_ucb", eps0=0.0, alpha=0.7)
+    arms = ["w", "x", "y", "z"]
+    X, _, r, _ = labelled(policy, 400, seed=6)
+    policy.update_batch(X, [arms[i % 4] for i in range(400)], r + np.repeat([0.0, 0.3, -0.2, 0.1], 100))
+    rng = np.random.default_rng(9)
+    for size in (2, 3, 4):
+        for subset in itertools.permutations(arms, size):
+            x = rows(policy, 1, rng)[0]
+            view = {a: policy.scoring_arrays(a) for a in subset}
+            scores = [x @ view[a]["theta"] + 0.7 * np.linalg.norm(view[a]["L"].T @ x) for a in subset]
+            choice = policy.probabilities(np.tile(x, (size, 1)), list(subset))
+            assert choice.chosen == int(np.argmax(scores))
+            assert choice.probability == 1.0
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from learner.policies.base import SHARED_ARM, Choice, Drift, Policy, Prior, canonical_arm
+from learner.policies.base import FORMAT_MAJOR, SHARED_ARM, Choice, Drift, Policy, Prior, canonical_arm
 from learner.policies.beta_ts import BetaTS
 from learner.policies.epsilon_greedy import EpsilonGreedy
 from learner.policies.errors import NumericalError, PolicyError, ScoringOnlyError, StateFormatError
@@ -49,6 +49,7 @@ def make_policy(name: str, **params: Any) -> Policy:
 
 
 __all__ = [
+    "FORMAT_MAJOR",
     "POLICIES",
     "SHARED_ARM",
     "BetaTS",

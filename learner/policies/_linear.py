@@ -117,10 +117,13 @@ class LinearPolicy(Policy):
         self._stale.update(slots.tolist())
 
     def _check_loaded(self, slots: np.ndarray) -> None:
+        # A Cholesky is the cheapest proof of positive definiteness; the factors themselves are
+        # derived lazily (a learner that only loads and updates never needs them).
         try:
-            self._refresh(slots, force=True)
-        except NumericalError as exc:
-            raise StateFormatError(f"loaded precision is not positive definite: {exc}") from exc
+            np.linalg.cholesky(self._arrays["A"][slots])
+        except np.linalg.LinAlgError as exc:
+            arms = [self._arms[s] for s in slots.tolist()]
+            raise StateFormatError(f"loaded precision of arm(s) {arms!r} is not positive definite") from exc
 
     # --- factorisation ---------------------------------------------------------------------------
 
@@ -154,15 +157,16 @@ class LinearPolicy(Policy):
     def _mean_width(self, X: np.ndarray, slots: np.ndarray, contiguous: int) -> tuple[np.ndarray, np.ndarray]:
         """Per candidate k: ``x_k . theta_a`` and ``||L_a^T x_k||`` for its own arm a (disjoint)."""
         self._refresh(slots)
-        if contiguous >= 0:
+        if contiguous >= 0:  # the usual case: candidates in the order their arms entered
             end = contiguous + len(slots)
-            theta = self._arrays["theta"][contiguous:end]
-            LT = self._arrays["LT"][contiguous:end]
-        else:
-            theta = self._arrays["theta"][slots]
-            LT = self._arrays["LT"][slots]
-        mean = np.einsum("kd,kd->k", theta, X)
-        Y = np.matmul(LT, X[:, :, None])[:, :, 0]
+            mean = np.einsum("kd,kd->k", self._arrays["theta"][contiguous:end], X)
+            Y = np.matmul(self._arrays["LT"][contiguous:end], X[:, :, None])[:, :, 0]
+        else:  # a subset or another order: K small products rather than gathering K d x d copies
+            mean = np.einsum("kd,kd->k", self._arrays["theta"][slots], X)
+            LT = self._arrays["LT"]
+            Y = np.empty(X.shape)
+            for k, slot in enumerate(slots.tolist()):
+                np.dot(LT[slot], X[k], out=Y[k])
         return mean, np.sqrt(np.einsum("kd,kd->k", Y, Y))
 
     def _shared_terms(self, X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -296,6 +296,8 @@ class Policy:
 
     def arm_statistics(self, arm: Any) -> dict[str, np.ndarray]:
         """A copy of one arm's sufficient statistics (e.g. ``A`` and ``b``), for audit and tests."""
+        if self._scoring_only:
+            raise ScoringOnlyError(f"{type(self).__name__} built from a scoring view holds no statistics")
         slot = self._existing_slot(arm)
         return {name: self._arrays[name][slot].copy() for name in self._stat_names}
 
