@@ -43,7 +43,7 @@ import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -200,18 +200,13 @@ class Normalizer:
         return cls(data["features"], frozen=frozen)
 
 
-@dataclass(frozen=True)
-class _Hashed:
-    """One Features record after hashing: digests, slots, signs and values, aligned."""
+class _Record(NamedTuple):
+    """One Features record after hashing, as aligned Python lists (cheap to concatenate)."""
 
-    h: np.ndarray  # uint64
-    slot: np.ndarray  # intp
-    weight: np.ndarray  # sign * value
-    value: np.ndarray  # value (for interaction products)
-
-    @staticmethod
-    def empty() -> _Hashed:
-        return _Hashed(np.zeros(0, np.uint64), np.zeros(0, np.intp), np.zeros(0), np.zeros(0))
+    h: list[int]  # 64-bit digests
+    slot: list[int]
+    weight: list[float]  # sign * value
+    value: list[float]  # value alone (for interaction products)
 
 
 def _splitmix(x: np.ndarray) -> np.ndarray:
@@ -266,98 +261,100 @@ class FeatureEncoder:
             hit = self._cache[key] = (h, self._offset + h % self._m, -1.0 if h >> 63 else 1.0)
         return hit
 
-    def _vector_layout(self, ns: str, n: int) -> _Hashed:
+    def _vector_layout(self, ns: str, n: int) -> tuple[list[int], list[int], list[float]]:
         looked = [self._lookup(f"{ns}{_SEP}v{_SEP}{i}") for i in range(n)]
-        return _Hashed(
-            np.array([h for h, _, _ in looked], dtype=np.uint64),
-            np.array([s for _, s, _ in looked], dtype=np.intp),
-            np.array([g for _, _, g in looked], dtype=np.float64),  # signs; scaled per record
-            np.zeros(n),
-        )
+        return [h for h, _, _ in looked], [s for _, s, _ in looked], [g for _, _, g in looked]
 
-    def _hash_record(self, features: Mapping[str, Any] | None, ns: str, action_id: str | None = None) -> _Hashed:
+    def _hash_record(self, features: Mapping[str, Any] | None, ns: str, action_id: str | None = None) -> _Record:
         """Hash one Features record (``numeric``, ``categorical``, ``vector``) in namespace ns."""
         features = features or {}
-        hs: list[int] = []
-        slots: list[int] = []
-        signs: list[float] = []
-        values: list[float] = []
+        record = _Record([], [], [], [])
+        hs, slots, weights, values = record
         normalize = self.config.normalize
         clip = self.config.clip
+        lookup = self._lookup
         for name, x in (features.get("numeric") or {}).items():
             x = float(x)
             if not math.isfinite(x):
                 raise ValueError(f"numeric feature {name!r} is {x}; features must be finite")
-            h, slot, sign = self._lookup(f"{ns}{_SEP}n{_SEP}{name}")
+            if normalize:
+                x = self.normalizer.transform(f"{ns}:{name}", x, clip)
+            h, slot, sign = lookup(f"{ns}{_SEP}n{_SEP}{name}")
             hs.append(h)
             slots.append(slot)
-            signs.append(sign)
-            values.append(self.normalizer.transform(f"{ns}:{name}", x, clip) if normalize else x)
-        for name, value in (features.get("categorical") or {}).items():
-            h, slot, sign = self._lookup(f"{ns}{_SEP}c{_SEP}{name}={value}")
-            hs.append(h)
-            slots.append(slot)
-            signs.append(sign)
-            values.append(1.0)
+            weights.append(sign * x)
+            values.append(x)
+        categorical = [f"{ns}{_SEP}c{_SEP}{name}={value}" for name, value in (features.get("categorical") or {}).items()]
         if action_id is not None:
-            h, slot, sign = self._lookup(f"{ns}{_SEP}id={action_id}")
+            categorical.append(f"{ns}{_SEP}id={action_id}")
+        for key in categorical:
+            h, slot, sign = lookup(key)
             hs.append(h)
             slots.append(slot)
-            signs.append(sign)
+            weights.append(sign)
             values.append(1.0)
-        record = _Hashed(
-            np.array(hs, dtype=np.uint64),
-            np.array(slots, dtype=np.intp),
-            np.array(signs) * np.array(values),
-            np.array(values, dtype=np.float64),
-        )
-        vector = features.get("vector") or ()
-        if len(vector):
-            layout = self._vectors[ns]
-            if len(vector) != len(layout.h):
+        vector = features.get("vector")
+        if vector is not None and len(vector):
+            layout_h, layout_slot, layout_sign = self._vectors[ns]
+            if len(vector) != len(layout_h):
                 what = "context" if ns == "c" else "action"
-                raise ValueError(f"{what} vector has {len(vector)} values, but the feature config expects {len(layout.h)}")
-            v = np.asarray(vector, dtype=np.float64)
-            if not np.isfinite(v).all():
+                raise ValueError(f"{what} vector has {len(vector)} values, but the feature config expects {len(layout_h)}")
+            v = [float(x) for x in vector]
+            if not all(map(math.isfinite, v)):
                 raise ValueError(f"{'context' if ns == 'c' else 'action'} vector must be finite")
-            record = _Hashed(
-                np.concatenate([record.h, layout.h]),
-                np.concatenate([record.slot, layout.slot]),
-                np.concatenate([record.weight, layout.weight * v]),
-                np.concatenate([record.value, v]),
-            )
+            hs += layout_h
+            slots += layout_slot
+            weights += [g * x for g, x in zip(layout_sign, v)]
+            values += v
         return record
 
-    def _interactions(self, ctx: _Hashed, act: _Hashed) -> tuple[np.ndarray, np.ndarray]:
-        """Slots and weights of every context x action product."""
-        mixed = _splitmix((ctx.h[:, None] * _PHI) ^ act.h[None, :]).ravel()
-        slots = (mixed % np.uint64(self._m)).astype(np.intp) + self._offset
-        signs = 1.0 - 2.0 * (mixed >> np.uint64(63)).astype(np.float64)
-        return slots, signs * np.outer(ctx.value, act.value).ravel()
+    def _assemble(self, rows: Sequence[tuple[_Record, _Record | None]]) -> np.ndarray:
+        """(n, d) matrix, row i from its (context, action or None) pair, in one bincount.
 
-    def _assemble(self, rows: list[tuple[_Hashed, _Hashed | None]]) -> np.ndarray:
-        """(n, d) matrix, row i from its (context, action or None) pair, in one bincount."""
+        Interactions pair each row's context features with its action features, vectorised
+        over all rows: pair j of row i is (context feature j // m_a, action feature j % m_a).
+        """
         d = self.config.dimension
-        index: list[np.ndarray] = []
-        weight: list[np.ndarray] = []
-        for i, (ctx, act) in enumerate(rows):
-            base = i * d
-            index.append(ctx.slot + base)
-            weight.append(ctx.weight)
-            if act is not None:
-                index.append(act.slot + base)
-                weight.append(act.weight)
-                if self.config.interactions and len(ctx.h) and len(act.h):
-                    slots, w = self._interactions(ctx, act)
-                    index.append(slots + base)
-                    weight.append(w)
         n = len(rows)
+        c_slot: list[int] = []
+        c_weight: list[float] = []
+        a_slot: list[int] = []
+        a_weight: list[float] = []
+        c_n = np.zeros(n, dtype=np.intp)
+        a_n = np.zeros(n, dtype=np.intp)
+        for i, (ctx, act) in enumerate(rows):
+            c_slot += ctx.slot
+            c_weight += ctx.weight
+            c_n[i] = len(ctx.slot)
+            if act is not None:
+                a_slot += act.slot
+                a_weight += act.weight
+                a_n[i] = len(act.slot)
+        row = np.arange(n) * d
+        index = [np.array(c_slot, dtype=np.intp) + np.repeat(row, c_n), np.array(a_slot, dtype=np.intp) + np.repeat(row, a_n)]
+        weight = [np.array(c_weight, dtype=np.float64), np.array(a_weight, dtype=np.float64)]
+        pairs = c_n * a_n
+        if self.config.interactions and pairs.any():
+            pair_row = np.repeat(np.arange(n), pairs)
+            offset = np.arange(int(pairs.sum())) - np.repeat(np.cumsum(pairs) - pairs, pairs)
+            per_action = a_n[pair_row]
+            ci = np.repeat(np.cumsum(c_n) - c_n, pairs) + offset // per_action
+            ai = np.repeat(np.cumsum(a_n) - a_n, pairs) + offset % per_action
+            c_h = np.array([h for ctx, _ in rows for h in ctx.h], dtype=np.uint64)
+            c_v = np.array([v for ctx, _ in rows for v in ctx.value], dtype=np.float64)
+            a_h = np.array([h for _, act in rows if act is not None for h in act.h], dtype=np.uint64)
+            a_v = np.array([v for _, act in rows if act is not None for v in act.value], dtype=np.float64)
+            mixed = _splitmix((c_h[ci] * _PHI) ^ a_h[ai])
+            slots = (mixed % np.uint64(self._m)).astype(np.intp) + self._offset
+            signs = 1.0 - 2.0 * (mixed >> np.uint64(63)).astype(np.float64)
+            index.append(slots + pair_row * d)
+            weight.append(signs * c_v[ci] * a_v[ai])
         out = np.bincount(np.concatenate(index), np.concatenate(weight), minlength=n * d).reshape(n, d)
         if self.config.intercept:
             out[:, 0] = 1.0
         return out
 
-    def _action_records(self, actions: Sequence[Mapping[str, Any]]) -> list[_Hashed]:
+    def _action_records(self, actions: Sequence[Mapping[str, Any]]) -> list[_Record]:
         use_id = self.config.action_id
         return [
             self._hash_record(action.get("features"), "a", str(action["id"]) if use_id else None) for action in actions
@@ -384,7 +381,7 @@ class FeatureEncoder:
 
     def acted_matrix(self, events: Iterable[Mapping[str, Any]]) -> np.ndarray:
         """(n, d): for each DecisionEvent, the row of its ``chosen`` action (what the learner folds in)."""
-        rows: list[tuple[_Hashed, _Hashed | None]] = []
+        rows: list[tuple[_Record, _Record | None]] = []
         for event in events:
             ctx = self._hash_record(event.get("context"), "c")
             actions = event["actions"]

@@ -529,3 +529,16 @@ def test_docstring_examples_run(module):
     result = doctest.testmod(importlib.import_module(module), optionflags=doctest.ELLIPSIS)
     assert result.attempted > 0
     assert result.failed == 0
+
+
+def test_thompson_acts_as_thompson_sampling_whatever_n_draws():
+    """The estimate is unbiased and the choice is drawn from it, so even with two draws per
+    decision each arm is chosen as often as a single posterior draw would choose it."""
+    exact = trained("lin_ts", eps0=0.0, n_draws=50_000, v=0.8)
+    coarse = trained("lin_ts", eps0=0.0, n_draws=2, v=0.8)
+    X = np.tile([1.0, 0.4, -0.3, 0.2], (3, 1))
+    p = exact.probabilities(X, ARMS, rng=0).probabilities
+    rng = np.random.default_rng(1)
+    n = 8000
+    freq = np.bincount([coarse.probabilities(X, ARMS, rng).chosen for _ in range(n)], minlength=3) / n
+    assert (np.abs(freq - p) <= 5 * np.sqrt(p * (1 - p) / n) + 0.005).all(), (freq, p)

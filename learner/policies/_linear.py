@@ -30,7 +30,7 @@ from learner.linalg import (
     prior_factor,
     spectral_norm_spd,
 )
-from learner.policies.base import Drift, Policy, valid_dim
+from learner.policies.base import Block, Drift, Policy, valid_dim
 from learner.policies.errors import NumericalError, StateFormatError
 
 
@@ -154,19 +154,24 @@ class LinearPolicy(Policy):
 
     # --- scoring ---------------------------------------------------------------------------------
 
-    def _mean_width(self, X: np.ndarray, slots: np.ndarray, contiguous: int) -> tuple[np.ndarray, np.ndarray]:
+    def _mean_width(self, X: np.ndarray, slots: np.ndarray, block: Block | None) -> tuple[np.ndarray, np.ndarray]:
         """Per candidate k: ``x_k . theta_a`` and ``||L_a^T x_k||`` for its own arm a (disjoint)."""
         self._refresh(slots)
-        if contiguous >= 0:  # the usual case: candidates in the order their arms entered
-            end = contiguous + len(slots)
-            mean = np.einsum("kd,kd->k", self._arrays["theta"][contiguous:end], X)
-            Y = np.matmul(self._arrays["LT"][contiguous:end], X[:, :, None])[:, :, 0]
-        else:  # a subset or another order: K small products rather than gathering K d x d copies
-            mean = np.einsum("kd,kd->k", self._arrays["theta"][slots], X)
-            LT = self._arrays["LT"]
-            Y = np.empty(X.shape)
-            for k, slot in enumerate(slots.tolist()):
-                np.dot(LT[slot], X[k], out=Y[k])
+        if block is not None:  # the usual case: all arms (in any order) -> one stacked product on a view
+            end = block.start + len(slots)
+            Xb = X if block.inv is None else X[block.inv]  # rows in block order
+            mean = np.einsum("kd,kd->k", self._arrays["theta"][block.start : end], Xb)
+            Y = np.matmul(self._arrays["LT"][block.start : end], Xb[:, :, None])[:, :, 0]
+            width = np.sqrt(np.einsum("kd,kd->k", Y, Y))
+            if block.perm is None:
+                return mean, width
+            return mean[block.perm], width[block.perm]
+        # a subset of the arms: K small products rather than gathering K d x d copies
+        mean = np.einsum("kd,kd->k", self._arrays["theta"][slots], X)
+        LT = self._arrays["LT"]
+        Y = np.empty(X.shape)
+        for k, slot in enumerate(slots.tolist()):
+            np.dot(LT[slot], X[k], out=Y[k])
         return mean, np.sqrt(np.einsum("kd,kd->k", Y, Y))
 
     def _shared_terms(self, X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

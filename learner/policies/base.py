@@ -99,6 +99,20 @@ class Choice(NamedTuple):
     probability: float
 
 
+class Block(NamedTuple):
+    """Where the candidates' arms sit in the stacked per-arm arrays, when they fill a block.
+
+    The candidates' slots are a permutation of ``start, ..., start + K - 1``: per-arm arrays can
+    be sliced (a view) instead of gathered (a copy). ``perm[k]`` is candidate k's position in the
+    block and ``inv`` its inverse (block position -> candidate), both None when the candidates
+    come in block order.
+    """
+
+    start: int
+    perm: np.ndarray | None
+    inv: np.ndarray | None
+
+
 class Drift(NamedTuple):
     """Drift statistic of one arm for guards: trace of the posterior covariance and ``||A||_2``."""
 
@@ -229,11 +243,11 @@ class Policy:
         """
         raise NotImplementedError
 
-    def _policy_probabilities(self, X: np.ndarray, slots: np.ndarray, contiguous: int, rng: np.random.Generator) -> np.ndarray:
-        """The policy's own distribution over the K candidates (before the floor).
+    def _policy_probabilities(self, X: np.ndarray, slots: np.ndarray, block: Block | None, rng: np.random.Generator) -> np.ndarray:
+        """The policy's own distribution over the K candidates (before the floor), a fresh array.
 
-        ``slots`` are the candidates' arm slots; ``contiguous`` is the first slot when they are
-        ``first, first+1, ...`` (so per-arm arrays can be sliced, not gathered), else -1.
+        ``slots`` are the candidates' arm slots; ``block`` says whether they fill a contiguous
+        block of the per-arm arrays (see :class:`Block`), else None.
         """
         raise NotImplementedError
 
@@ -471,31 +485,36 @@ class Policy:
             gen = rng
         else:
             gen = np.random.default_rng(rng)
-        slots, contiguous = self._candidate_slots(arms)
-        p = self._policy_probabilities(X, slots, contiguous, gen)
+        slots, block = self._candidate_slots(arms)
+        p = self._policy_probabilities(X, slots, block, gen)
         if self.eps0 > 0.0:
             p *= 1.0 - self.eps0
             p += self.eps0 / K
         chosen = draw_index(p, gen.random())
         return Choice(p, chosen, float(p[chosen]))
 
-    def _candidate_slots(self, arms: Sequence[Any]) -> tuple[np.ndarray, int]:
+    def _candidate_slots(self, arms: Sequence[Any]) -> tuple[np.ndarray, Block | None]:
         key = arms if isinstance(arms, tuple) else tuple(arms.tolist() if isinstance(arms, np.ndarray) else arms)
         cached = self._candidates
         if cached is not None and cached[0] == key:
             return cached[1], cached[2]
         K = len(key)
+        block = None
         if self.shared:
             slots = np.zeros(K, dtype=np.intp)
-            contiguous = -1
         else:
             slots = np.fromiter((self._slot_of(a) for a in key), dtype=np.intp, count=K)
             if len(set(slots.tolist())) != K:
                 raise ValueError(f"candidate ids must be distinct, got {list(key)!r}")
-            first = int(slots[0])
-            contiguous = first if np.array_equal(slots, np.arange(first, first + K)) else -1
-        self._candidates = (key, slots, contiguous)  # one assignment: atomic for readers
-        return slots, contiguous
+            start = int(slots.min())
+            if int(slots.max()) - start == K - 1:  # distinct and spanning K slots: a block
+                perm = slots - start
+                if (perm == np.arange(K)).all():
+                    block = Block(start, None, None)
+                else:
+                    block = Block(start, perm, np.argsort(perm))
+        self._candidates = (key, slots, block)  # one assignment: atomic for readers
+        return slots, block
 
     # --- guards and scoring view -----------------------------------------------------------------
 

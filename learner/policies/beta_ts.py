@@ -8,7 +8,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from learner.policies.base import Drift, Policy, argmax_frequencies
+from learner.policies.base import Block, Drift, Policy, argmax_frequencies
 
 
 class BetaTS(Policy):
@@ -31,7 +31,8 @@ class BetaTS(Policy):
     posterior draws it wins; the choice is drawn, with the same rng, from that estimated
     distribution with the floor mixed in, so the reported probability is exactly the one the
     choice was drawn with (an estimate, standard error <= ``0.5 / sqrt(n_draws)``, of the
-    probability that one posterior draw picks it).
+    probability that one posterior draw picks it; see :class:`~learner.policies.lin_ts.LinTS`
+    for why off-policy estimates stay unbiased).
 
     Parameters: ``segment_slots`` (row coordinates of the segment values); ``n_draws`` (>= 1);
     ``dim``, ``eps0``, ``gamma``, ``prior_mean`` in (0, 1), ``prior_strength`` (> 0),
@@ -66,7 +67,7 @@ class BetaTS(Policy):
         dim: int,
         *,
         segment_slots: Sequence[int] = (),
-        n_draws: int = 256,
+        n_draws: int = 128,
         prior_mean: float = 0.5,
         prior_strength: float = 2.0,
         **kwargs: Any,
@@ -121,7 +122,7 @@ class BetaTS(Policy):
         super()._load_scoring_stack(slots, arrays)
         self._check_loaded(slots)
 
-    def _policy_probabilities(self, X: np.ndarray, slots: np.ndarray, contiguous: int, rng: np.random.Generator) -> np.ndarray:
+    def _policy_probabilities(self, X: np.ndarray, slots: np.ndarray, block: Block | None, rng: np.random.Generator) -> np.ndarray:
         seg = self.segments(X)
         a = self._arrays["alpha"][slots, seg]
         b = self._arrays["beta"][slots, seg]

@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 
 from learner.policies._counts import CountPolicy
-from learner.policies.base import greedy_distribution
+from learner.policies.base import Block, greedy_distribution
 
 
 class EpsilonGreedy(CountPolicy):
@@ -60,7 +60,7 @@ class EpsilonGreedy(CountPolicy):
         t = int(self._arrays["count"][: len(self._arms)].sum())
         return max(self.eps_min, self.eps_start * self.decay**t)
 
-    def _policy_probabilities(self, X: np.ndarray, slots: np.ndarray, contiguous: int, rng: np.random.Generator) -> np.ndarray:
+    def _policy_probabilities(self, X: np.ndarray, slots: np.ndarray, block: Block | None, rng: np.random.Generator) -> np.ndarray:
         mean, _ = self._means(slots)
         eps = self.epsilon()
         p = greedy_distribution(mean)

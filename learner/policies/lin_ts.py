@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 
 from learner.policies._linear import LinearPolicy
-from learner.policies.base import gaussian_argmax_frequencies
+from learner.policies.base import Block, gaussian_argmax_frequencies
 
 
 class LinTS(LinearPolicy):
@@ -18,12 +18,16 @@ class LinTS(LinearPolicy):
 
         x_k . (theta_a + v L_a z) ~ N(x_k . theta_a, v^2 ||L_a^T x_k||^2)
 
-    and K arms x ``n_draws`` draws cost K normals per draw. The probability of each candidate is
-    **estimated** as the share of ``n_draws`` posterior draws it wins (drawn in antithetic pairs
-    ``z, -z``); the choice is then drawn, with the same rng, from that estimated distribution
-    with the floor mixed in, so the reported probability is exactly the one the choice was drawn
-    with, while it estimates (with standard error at most ``0.5 / sqrt(n_draws)``) the
-    probability that a single posterior draw would have picked it.
+    and K arms x ``n_draws`` draws cost K normals per draw.
+
+    The probability of each candidate is **estimated** as the share of ``n_draws`` posterior
+    draws it wins (drawn in antithetic pairs ``z, -z``), with standard error at most
+    ``0.5 / sqrt(n_draws)`` against the probability that one posterior draw picks it. The choice
+    is then drawn, with the same rng, from that estimated distribution with the floor mixed in.
+    Two consequences: the reported probability is exactly the one the choice was drawn with, so
+    inverse-propensity estimates from the log stay unbiased whatever ``n_draws`` is (it only
+    moves their variance); and since the estimate is unbiased, the policy acts marginally
+    exactly as Thompson sampling (``n_draws=1`` is the textbook algorithm).
 
     Parameters: ``v`` (>= 0) posterior scale; ``n_draws`` (>= 1) draws per decision;
     ``refactor_every``, ``intercept_index`` (:class:`~learner.policies._linear.LinearPolicy`);
@@ -50,7 +54,7 @@ class LinTS(LinearPolicy):
 
     name = "lin_ts"
 
-    def __init__(self, dim: int, *, v: float = 1.0, n_draws: int = 256, **kwargs: Any) -> None:
+    def __init__(self, dim: int, *, v: float = 1.0, n_draws: int = 128, **kwargs: Any) -> None:
         if not (v >= 0.0 and np.isfinite(v)):
             raise ValueError(f"v must be finite and >= 0, got {v!r}")
         if isinstance(n_draws, bool) or int(n_draws) != n_draws or n_draws < 1:
@@ -59,8 +63,8 @@ class LinTS(LinearPolicy):
         self.n_draws = int(n_draws)
         super().__init__(dim, **kwargs)
 
-    def _policy_probabilities(self, X: np.ndarray, slots: np.ndarray, contiguous: int, rng: np.random.Generator) -> np.ndarray:
-        mean, width = self._mean_width(X, slots, contiguous)
+    def _policy_probabilities(self, X: np.ndarray, slots: np.ndarray, block: Block | None, rng: np.random.Generator) -> np.ndarray:
+        mean, width = self._mean_width(X, slots, block)
         scale = self.v * width
         return gaussian_argmax_frequencies(mean, lambda z: z * scale, self.n_draws, rng, len(mean))
 

@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 
 from learner.policies._linear import LinearPolicy
-from learner.policies.base import greedy_distribution
+from learner.policies.base import Block, greedy_distribution
 
 
 class LinUCB(LinearPolicy):
@@ -51,8 +51,8 @@ class LinUCB(LinearPolicy):
         self.alpha = float(alpha)
         super().__init__(dim, **kwargs)
 
-    def _policy_probabilities(self, X: np.ndarray, slots: np.ndarray, contiguous: int, rng: np.random.Generator) -> np.ndarray:
-        mean, width = self._mean_width(X, slots, contiguous)
+    def _policy_probabilities(self, X: np.ndarray, slots: np.ndarray, block: Block | None, rng: np.random.Generator) -> np.ndarray:
+        mean, width = self._mean_width(X, slots, block)
         return greedy_distribution(mean + self.alpha * width)
 
     @classmethod

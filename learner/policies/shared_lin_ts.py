@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 
 from learner.policies._linear import LinearPolicy
-from learner.policies.base import gaussian_argmax_frequencies
+from learner.policies.base import Block, gaussian_argmax_frequencies
 
 
 class SharedLinTS(LinearPolicy):
@@ -41,7 +41,7 @@ class SharedLinTS(LinearPolicy):
     name = "shared_lin_ts"
     shared = True
 
-    def __init__(self, dim: int, *, v: float = 1.0, n_draws: int = 256, **kwargs: Any) -> None:
+    def __init__(self, dim: int, *, v: float = 1.0, n_draws: int = 128, **kwargs: Any) -> None:
         if not (v >= 0.0 and np.isfinite(v)):
             raise ValueError(f"v must be finite and >= 0, got {v!r}")
         if isinstance(n_draws, bool) or int(n_draws) != n_draws or n_draws < 1:
@@ -50,7 +50,7 @@ class SharedLinTS(LinearPolicy):
         self.n_draws = int(n_draws)
         super().__init__(dim, **kwargs)
 
-    def _policy_probabilities(self, X: np.ndarray, slots: np.ndarray, contiguous: int, rng: np.random.Generator) -> np.ndarray:
+    def _policy_probabilities(self, X: np.ndarray, slots: np.ndarray, block: Block | None, rng: np.random.Generator) -> np.ndarray:
         mean, M = self._shared_terms(X)
         scaled = self.v * M.T  # (d, K): a block of normals z (m, d) maps to score noise z @ scaled
         return gaussian_argmax_frequencies(mean, lambda z: z @ scaled, self.n_draws, rng, self.dim)

@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 
 from learner.policies._linear import LinearPolicy
-from learner.policies.base import greedy_distribution
+from learner.policies.base import Block, greedy_distribution
 
 
 class SharedLinUCB(LinearPolicy):
@@ -52,7 +52,7 @@ class SharedLinUCB(LinearPolicy):
         self.alpha = float(alpha)
         super().__init__(dim, **kwargs)
 
-    def _policy_probabilities(self, X: np.ndarray, slots: np.ndarray, contiguous: int, rng: np.random.Generator) -> np.ndarray:
+    def _policy_probabilities(self, X: np.ndarray, slots: np.ndarray, block: Block | None, rng: np.random.Generator) -> np.ndarray:
         mean, M = self._shared_terms(X)
         return greedy_distribution(mean + self.alpha * np.sqrt(np.einsum("kd,kd->k", M, M)))
 

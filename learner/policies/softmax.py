@@ -7,6 +7,7 @@ from typing import Any
 import numpy as np
 
 from learner.policies._counts import CountPolicy
+from learner.policies.base import Block
 
 
 class Softmax(CountPolicy):
@@ -43,7 +44,7 @@ class Softmax(CountPolicy):
         self.temperature = float(temperature)
         super().__init__(dim, **kwargs)
 
-    def _policy_probabilities(self, X: np.ndarray, slots: np.ndarray, contiguous: int, rng: np.random.Generator) -> np.ndarray:
+    def _policy_probabilities(self, X: np.ndarray, slots: np.ndarray, block: Block | None, rng: np.random.Generator) -> np.ndarray:
         mean, _ = self._means(slots)
         e = np.exp((mean - mean.max()) / self.temperature)
         return e / e.sum()
