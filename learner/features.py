@@ -3,9 +3,10 @@
 The steps, in the order :class:`FeatureEncoder` applies them:
 
 1. **Keys.** Every feature becomes a namespaced key: context numeric ``c/n/<name>``,
-   categorical ``c/c/<name>=<value>`` (value 1), dense vector ``c/v/<i>``; the same with ``a/``
-   for an action's features, and ``a/id=<id>`` (value 1) for the action id itself in shared
-   models. (The separator is the ASCII unit separator, so no name can forge another key.)
+   categorical ``c/c/<name>/<value>`` (value 1), dense vector ``c/v/<i>``; the same with ``a/``
+   for an action's features, and ``a/id/<id>`` (value 1) for the action id itself in shared
+   models. The ``/`` is the ASCII unit separator (0x1F), which names and values do not
+   contain, so no feature can forge another's key.
 2. **Signed hashing.** A key's 64-bit keyed BLAKE2b digest ``h`` (key: ``FeatureConfig.seed``)
    picks slot ``off + h mod m`` and sign ``-1`` if bit 63 of ``h`` is set else ``+1``, where
    ``off`` is 1 with an intercept (slot 0 holds 1.0) and ``m = dimension - off``. Colliding
@@ -284,9 +285,9 @@ class FeatureEncoder:
             slots.append(slot)
             weights.append(sign * x)
             values.append(x)
-        categorical = [f"{ns}{_SEP}c{_SEP}{name}={value}" for name, value in (features.get("categorical") or {}).items()]
+        categorical = [f"{ns}{_SEP}c{_SEP}{name}{_SEP}{value}" for name, value in (features.get("categorical") or {}).items()]
         if action_id is not None:
-            categorical.append(f"{ns}{_SEP}id={action_id}")
+            categorical.append(f"{ns}{_SEP}id{_SEP}{action_id}")
         for key in categorical:
             h, slot, sign = lookup(key)
             hs.append(h)
@@ -409,7 +410,7 @@ class FeatureEncoder:
         larger ``dimension``). A value not listed, or another feature, can still land on a
         listed value's slot and be read as that segment: size ``dimension`` with that in mind.
         """
-        slots = [self._lookup(f"c{_SEP}c{_SEP}{name}={value}")[1] for value in values]
+        slots = [self._lookup(f"c{_SEP}c{_SEP}{name}{_SEP}{value}")[1] for value in values]
         if len(set(slots)) != len(slots):
             clash = [v for v, s in zip(values, slots) if slots.count(s) > 1]
             raise ValueError(f"values {clash!r} of {name!r} collide in one slot; change the seed or the dimension")

@@ -251,8 +251,8 @@ def test_categorical_slots_give_beta_ts_its_segments():
     policy = make_policy("beta_ts", dim=1024, segment_slots=slots)
     X = encoder.context_matrix([{"categorical": {"intent": i}, "numeric": {"n": 1.0}} for i in intents + ["other"]])
     assert policy.segments(X).tolist() == [0, 1, 2, 3]
-    with pytest.raises(ValueError, match="collide"):  # two listed values in one slot cannot be told apart
-        FeatureEncoder(FeatureConfig(dimension=256)).categorical_slots("intent", ["sales", "other"])
+    with pytest.raises(ValueError, match="collide"):  # 4 values, 3 hashed slots: two must share one
+        FeatureEncoder(FeatureConfig(dimension=4)).categorical_slots("intent", ["a", "b", "c", "d"])
 
 
 # --- configuration ---------------------------------------------------------------------------------

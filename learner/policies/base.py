@@ -69,7 +69,7 @@ import numpy as np
 from learner.linalg import pack_symmetric, packed_size, unpack_symmetric
 from learner.policies.errors import ScoringOnlyError, StateFormatError
 
-__all__ = ["SHARED_ARM", "Choice", "Drift", "Policy", "Prior", "canonical_arm"]
+__all__ = ["FORMAT_MAJOR", "SHARED_ARM", "Block", "Choice", "Drift", "Policy", "Prior", "canonical_arm"]
 
 #: The arm id under which a model shared across arms keeps its one state.
 SHARED_ARM = ""
@@ -214,7 +214,7 @@ class Policy:
         self._arrays: dict[str, np.ndarray] = {}
         self._capacity = 0
         self._lock = threading.Lock()
-        self._candidates: tuple[tuple, np.ndarray, int] | None = None
+        self._candidates: tuple[tuple, np.ndarray, Block | None] | None = None
         self._grow(_INITIAL_CAPACITY)
         if self.shared:
             self._register(SHARED_ARM)
