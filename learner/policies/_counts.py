@@ -13,7 +13,7 @@ uniform API and ignored.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import numpy as np
 

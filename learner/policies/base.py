@@ -243,7 +243,9 @@ class Policy:
         """
         raise NotImplementedError
 
-    def _policy_probabilities(self, X: np.ndarray, slots: np.ndarray, block: Block | None, rng: np.random.Generator) -> np.ndarray:
+    def _policy_probabilities(
+        self, X: np.ndarray, slots: np.ndarray, block: Block | None, rng: np.random.Generator
+    ) -> np.ndarray:
         """The policy's own distribution over the K candidates (before the floor), a fresh array.
 
         ``slots`` are the candidates' arm slots; ``block`` says whether they fill a contiguous

@@ -122,7 +122,9 @@ class BetaTS(Policy):
         super()._load_scoring_stack(slots, arrays)
         self._check_loaded(slots)
 
-    def _policy_probabilities(self, X: np.ndarray, slots: np.ndarray, block: Block | None, rng: np.random.Generator) -> np.ndarray:
+    def _policy_probabilities(
+        self, X: np.ndarray, slots: np.ndarray, block: Block | None, rng: np.random.Generator
+    ) -> np.ndarray:
         seg = self.segments(X)
         a = self._arrays["alpha"][slots, seg]
         b = self._arrays["beta"][slots, seg]

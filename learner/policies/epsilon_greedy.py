@@ -60,7 +60,9 @@ class EpsilonGreedy(CountPolicy):
         t = int(self._arrays["count"][: len(self._arms)].sum())
         return max(self.eps_min, self.eps_start * self.decay**t)
 
-    def _policy_probabilities(self, X: np.ndarray, slots: np.ndarray, block: Block | None, rng: np.random.Generator) -> np.ndarray:
+    def _policy_probabilities(
+        self, X: np.ndarray, slots: np.ndarray, block: Block | None, rng: np.random.Generator
+    ) -> np.ndarray:
         mean, _ = self._means(slots)
         eps = self.epsilon()
         p = greedy_distribution(mean)

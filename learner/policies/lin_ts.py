@@ -63,7 +63,9 @@ class LinTS(LinearPolicy):
         self.n_draws = int(n_draws)
         super().__init__(dim, **kwargs)
 
-    def _policy_probabilities(self, X: np.ndarray, slots: np.ndarray, block: Block | None, rng: np.random.Generator) -> np.ndarray:
+    def _policy_probabilities(
+        self, X: np.ndarray, slots: np.ndarray, block: Block | None, rng: np.random.Generator
+    ) -> np.ndarray:
         mean, width = self._mean_width(X, slots, block)
         scale = self.v * width
         return gaussian_argmax_frequencies(mean, lambda z: z * scale, self.n_draws, rng, len(mean))

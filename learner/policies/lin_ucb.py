@@ -51,7 +51,9 @@ class LinUCB(LinearPolicy):
         self.alpha = float(alpha)
         super().__init__(dim, **kwargs)
 
-    def _policy_probabilities(self, X: np.ndarray, slots: np.ndarray, block: Block | None, rng: np.random.Generator) -> np.ndarray:
+    def _policy_probabilities(
+        self, X: np.ndarray, slots: np.ndarray, block: Block | None, rng: np.random.Generator
+    ) -> np.ndarray:
         mean, width = self._mean_width(X, slots, block)
         return greedy_distribution(mean + self.alpha * width)
 

@@ -50,7 +50,9 @@ class SharedLinTS(LinearPolicy):
         self.n_draws = int(n_draws)
         super().__init__(dim, **kwargs)
 
-    def _policy_probabilities(self, X: np.ndarray, slots: np.ndarray, block: Block | None, rng: np.random.Generator) -> np.ndarray:
+    def _policy_probabilities(
+        self, X: np.ndarray, slots: np.ndarray, block: Block | None, rng: np.random.Generator
+    ) -> np.ndarray:
         mean, M = self._shared_terms(X)
         scaled = self.v * M.T  # (d, K): a block of normals z (m, d) maps to score noise z @ scaled
         return gaussian_argmax_frequencies(mean, lambda z: z @ scaled, self.n_draws, rng, self.dim)

@@ -52,7 +52,9 @@ class SharedLinUCB(LinearPolicy):
         self.alpha = float(alpha)
         super().__init__(dim, **kwargs)
 
-    def _policy_probabilities(self, X: np.ndarray, slots: np.ndarray, block: Block | None, rng: np.random.Generator) -> np.ndarray:
+    def _policy_probabilities(
+        self, X: np.ndarray, slots: np.ndarray, block: Block | None, rng: np.random.Generator
+    ) -> np.ndarray:
         mean, M = self._shared_terms(X)
         return greedy_distribution(mean + self.alpha * np.sqrt(np.einsum("kd,kd->k", M, M)))
 

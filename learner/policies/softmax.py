@@ -44,7 +44,9 @@ class Softmax(CountPolicy):
         self.temperature = float(temperature)
         super().__init__(dim, **kwargs)
 
-    def _policy_probabilities(self, X: np.ndarray, slots: np.ndarray, block: Block | None, rng: np.random.Generator) -> np.ndarray:
+    def _policy_probabilities(
+        self, X: np.ndarray, slots: np.ndarray, block: Block | None, rng: np.random.Generator
+    ) -> np.ndarray:
         mean, _ = self._means(slots)
         e = np.exp((mean - mean.max()) / self.temperature)
         return e / e.sum()

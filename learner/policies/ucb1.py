@@ -48,7 +48,9 @@ class UCB1(CountPolicy):
         self.c = float(c)
         super().__init__(dim, **kwargs)
 
-    def _policy_probabilities(self, X: np.ndarray, slots: np.ndarray, block: Block | None, rng: np.random.Generator) -> np.ndarray:
+    def _policy_probabilities(
+        self, X: np.ndarray, slots: np.ndarray, block: Block | None, rng: np.random.Generator
+    ) -> np.ndarray:
         mean, n = self._means(slots)
         log_t = np.log(max(float(n.sum()), 1.0))
         with np.errstate(divide="ignore"):
