@@ -1,0 +1,506 @@
+"""The SDK: decide locally from a verified snapshot, emit what happened, never block.
+
+    from banditstream import Decider
+
+    decider = Decider("llm_routing", repository=client, kafka=settings.kafka)
+    d = decider.decide({"task": "code", "prompt_tokens": 812.0}, ["gpt-small", "gpt-large", "llama-70b"])
+    ...                                   # act on d.action
+    decider.reward(d.event_id, {"success": 1.0, "latency_ms": 950.0, "cost_usd": 0.002})
+
+What ``decide`` does, in order (microseconds; no network, no locks on the hot path):
+
+1. **Mode.** ``off`` (the baseline acts), ``shadow`` (the policy recommends, the baseline
+   acts) or ``live``; from ``ENABLE_RL_GLOBAL`` / ``ENABLE_RL_<DOMAIN>`` in the environment,
+   then the ``mode`` argument, then the domain's settings.
+2. **Shields.** Candidates whose tracked cost or p95 latency exceeds the caller's budget are
+   dropped before choosing (costs and latencies are tracked from the signals passed to
+   :meth:`reward` and :meth:`observe`).
+3. **Snapshot.** The policy of the newest verified snapshot, swapped in atomically by a
+   background refresh. No snapshot, an expired one, or one whose drift flag is set: the
+   baseline decides and the fallback is counted by reason.
+4. **Choice.** The policy's full distribution (exploration floor included) and a draw.
+5. **Emit.** The DecisionEvent goes to Kafka without waiting (delivery callbacks), or to the
+   local spool while Kafka is unreachable.
+
+The baseline is the first remaining candidate.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import re
+import threading
+import time
+import uuid
+from collections import OrderedDict, deque
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+import numpy as np
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from learner.domain import DomainSettings
+from learner.features import FeatureEncoder
+from learner.policies import Policy
+from streams.serde import AvroSerde
+from streams.settings import KafkaSettings, TopicSettings
+from streams.validation import ValidationLimits, Validator
+
+log = logging.getLogger(__name__)
+
+Mode = Literal["live", "shadow", "off"]
+MODES = ("live", "shadow", "off")
+_FALSE = {"0", "false", "no", "off", "disabled"}
+_TRUE = {"1", "true", "yes", "on", "enabled"}
+
+
+@dataclass(frozen=True)
+class ActivePolicy:
+    """A verified snapshot, ready to score: swapped in as one object."""
+
+    version: str
+    policy: Policy
+    encoder: FeatureEncoder
+    #: epoch seconds after which the snapshot must not be used (its metadata expired)
+    expires_at: float = math.inf
+    drift_flag: bool = False
+    created_at: float = field(default_factory=time.time)
+
+
+class SnapshotSource(Protocol):
+    """Where the Decider's refresh thread gets verified snapshots (see publisher.pull)."""
+
+    def latest(self) -> ActivePolicy | None:
+        """The newest verified snapshot; raises a typed error when verification fails."""
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What ``decide`` returns."""
+
+    action: str
+    index: int
+    probabilities: tuple[float, ...]
+    event_id: str
+    policy_version: str
+    mode: str
+    #: the policy's pick in shadow mode (the baseline acted); None otherwise
+    recommended: str | None = None
+    fallback: str | None = None
+
+
+class _Tracker:
+    """Per-arm cost and p95 latency from observed signals (last ``window`` observations)."""
+
+    def __init__(self, window: int = 256):
+        self.window = window
+        self._cost: dict[str, deque] = {}
+        self._latency: dict[str, deque] = {}
+        self._p95: dict[str, float] = {}
+        self._mean_cost: dict[str, float] = {}
+
+    def observe(self, arm: str, cost: float | None, latency_ms: float | None) -> None:
+        if cost is not None and math.isfinite(cost):
+            q = self._cost.setdefault(arm, deque(maxlen=self.window))
+            q.append(cost)
+            self._mean_cost[arm] = sum(q) / len(q)
+        if latency_ms is not None and math.isfinite(latency_ms):
+            q = self._latency.setdefault(arm, deque(maxlen=self.window))
+            q.append(latency_ms)
+            self._p95[arm] = float(np.percentile(np.fromiter(q, float), 95))
+
+    def cost(self, arm: str) -> float | None:
+        return self._mean_cost.get(arm)
+
+    def p95_latency(self, arm: str) -> float | None:
+        return self._p95.get(arm)
+
+
+class DeciderMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None):
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.decisions = Counter("banditstream_sdk_decisions", "Decisions made, by domain and mode.", ["domain", "mode"], registry=r)
+        self.fallbacks = Counter("banditstream_sdk_fallbacks", "Baseline decisions, by reason.", ["domain", "reason"], registry=r)
+        self.snapshot_version = Gauge(
+            "banditstream_sdk_snapshot_info", "The snapshot in use (value 1; version as a label).", ["domain", "version"], registry=r
+        )
+        self.snapshot_age = Gauge("banditstream_sdk_snapshot_age_seconds", "Age of the snapshot in use.", ["domain"], registry=r)
+        self.verification_failures = Counter(
+            "banditstream_sdk_verification_failures", "Snapshots refused, by kind.", ["domain", "kind"], registry=r
+        )
+        self.spool_depth = Gauge("banditstream_sdk_spool_depth", "Events waiting in the local spool.", ["domain"], registry=r)
+        self.decide_latency = Histogram(
+            "banditstream_sdk_decide_seconds", "Time spent in decide().", ["domain"], registry=r,
+            buckets=(10e-6, 25e-6, 50e-6, 100e-6, 200e-6, 500e-6, 1e-3, 5e-3),
+        )  # fmt: skip
+
+
+class Decider:
+    """Decide for one domain from verified snapshots; emit decisions and rewards.
+
+    Parameters:
+        domain: the decision point's name.
+        repository: a :class:`SnapshotSource` (e.g. ``publisher.pull`` client adapter);
+            None runs on the baseline only.
+        kafka: where to emit events (``KafkaSettings`` or a bootstrap string); None emits
+            nothing (offline use, tests).
+        mode: ``live``, ``shadow`` or ``off``; environment switches override it.
+        settings: the domain's settings (policy, features, reward); default settings if None.
+        refresh_interval_s: how often the background thread looks for a newer snapshot.
+        spool_path: the local spool file for events while Kafka is unreachable.
+        seed: seeds the choice draws (same seed and snapshot: same choices).
+    """
+
+    def __init__(
+        self,
+        domain: str,
+        repository: SnapshotSource | None = None,
+        kafka: KafkaSettings | str | None = None,
+        mode: Mode | None = None,
+        *,
+        settings: DomainSettings | None = None,
+        tenant: str = "default",
+        workspace: str = "main",
+        topics: TopicSettings | None = None,
+        refresh_interval_s: float = 5.0,
+        spool_path: str | os.PathLike | None = None,
+        spool_max_bytes: int = 64 << 20,
+        seed: int | None = None,
+        env: Mapping[str, str] | None = None,
+        registry: CollectorRegistry | None = None,
+        limits: ValidationLimits | None = None,
+        remember_decisions: int = 100_000,
+        clock: Callable[[], float] = time.time,
+    ):
+        self.domain = domain
+        self.tenant = tenant
+        self.workspace = workspace
+        self.settings = settings or DomainSettings()
+        self.topics = topics or TopicSettings()
+        self.metrics = DeciderMetrics(registry)
+        self._clock = clock
+        self._env = os.environ if env is None else env
+        self._explicit_mode = mode
+        if mode is not None and mode not in MODES:
+            raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
+        self._rng = np.random.default_rng(seed)
+        self._validator = Validator(limits or ValidationLimits())
+        self._serde_decision = AvroSerde("decision", framing="single_object")
+        self._serde_reward = AvroSerde("reward", framing="single_object")
+        self._tracker = _Tracker()
+        self._decisions_by_mode = {m: self.metrics.decisions.labels(domain, m) for m in MODES}
+        self._decide_latency = self.metrics.decide_latency.labels(domain)
+        self._recent: OrderedDict[str, str] = OrderedDict()  # event_id -> acted arm, for cost tracking
+        self._remember = remember_decisions
+        self._active: ActivePolicy | None = None
+        self._repository = repository
+        self._emitter = None
+        if kafka is not None:
+            from banditstream.emitter import EventEmitter
+
+            kafka_settings = kafka if isinstance(kafka, KafkaSettings) else KafkaSettings(bootstrap_servers=kafka)
+            path = Path(spool_path) if spool_path else Path(".banditstream") / "spool" / f"{tenant}.{workspace}.{domain}.spool"
+            self._emitter = EventEmitter(
+                kafka_settings,
+                spool_path=path,
+                spool_max_bytes=spool_max_bytes,
+                on_spool_depth=self.metrics.spool_depth.labels(domain).set,
+            )
+        self._stop = threading.Event()
+        self._refresh_thread = None
+        if repository is not None:
+            self.refresh()  # first snapshot synchronously, so decide() starts informed
+            self._refresh_thread = threading.Thread(
+                target=self._refresh_loop, args=(refresh_interval_s,), name=f"banditstream-refresh-{domain}", daemon=True
+            )
+            self._refresh_thread.start()
+
+    # -- deciding -------------------------------------------------------------------------
+
+    @property
+    def mode(self) -> str:
+        """The effective mode: environment switches, then the argument, then settings."""
+        flag = self._env.get("ENABLE_RL_GLOBAL")
+        if flag is not None and flag.strip().lower() in _FALSE:
+            return "off"
+        domain_flag = self._env.get(f"ENABLE_RL_{_env_name(self.domain)}")
+        if domain_flag is not None:
+            value = domain_flag.strip().lower()
+            if value in _FALSE:
+                return "off"
+            if value in MODES:
+                return value
+            if value in _TRUE:
+                return "live"
+        return self._explicit_mode or self.settings.mode
+
+    @property
+    def policy_version(self) -> str:
+        active = self._active
+        return active.version if active is not None else ""
+
+    def decide(
+        self,
+        context: Mapping[str, Any],
+        actions: Sequence[str | Mapping[str, Any]],
+        event_id: str | None = None,
+        *,
+        max_cost: float | None = None,
+        max_latency_ms: float | None = None,
+    ) -> Decision:
+        """Choose among ``actions`` for ``context``; see the module docstring for the steps.
+
+        ``context``: ``{name: number | string | list}`` (numbers are numeric features, strings
+        categorical, a list the dense vector) or the event form ``{numeric, categorical,
+        vector}``. ``actions``: ids, or ``{"id": ..., "features": {...}}``.
+        """
+        started = time.perf_counter()
+        ctx = _context_record(context)
+        acts = [_action_record(a) for a in actions]
+        _check_inputs(ctx, acts, self.settings.features.vector_dim)
+        event_id = event_id or uuid.uuid4().hex
+        mode = self.mode
+        allowed = self._shield(acts, max_cost, max_latency_ms)
+        fallback = None
+        recommended_index = -1
+        probabilities = [0.0] * len(acts)
+        baseline = allowed[0]
+        active = self._active
+        if mode == "off":
+            chosen = baseline
+            probabilities[baseline] = 1.0
+        else:
+            if active is None:
+                fallback = "no_snapshot"
+            elif self._clock() > active.expires_at:
+                fallback = "expired"
+            elif active.drift_flag:
+                fallback = "drift"
+            if fallback is not None:
+                self.metrics.fallbacks.labels(self.domain, fallback).inc()
+                chosen = baseline
+                probabilities[baseline] = 1.0
+            else:
+                candidates = [acts[i] for i in allowed]
+                X = active.encoder.action_matrix(ctx, candidates)
+                choice = active.policy.probabilities(X, [a["id"] for a in candidates], rng=self._rng)
+                if mode == "shadow":
+                    recommended_index = allowed[choice.chosen]
+                    chosen = baseline
+                    probabilities[baseline] = 1.0
+                else:
+                    chosen = allowed[choice.chosen]
+                    for slot, p in zip(allowed, choice.probabilities.tolist()):
+                        probabilities[slot] = p
+        version = active.version if (active is not None and fallback is None and mode != "off") else ""
+        event = {
+            "event_id": event_id,
+            "tenant": self.tenant,
+            "workspace": self.workspace,
+            "domain": self.domain,
+            "timestamp": int(self._clock() * 1000),
+            "context": ctx,
+            "actions": acts,
+            "chosen": chosen,
+            "probabilities": probabilities,
+            "policy_version": version,
+            "mode": mode,
+            "deferred": False,
+            "recommended": recommended_index,
+        }
+        if self._emitter is not None:
+            self._emitter.emit(self.topics.decisions, event_id, self._serde_decision.encode(event))
+        self._remember_arm(event_id, acts[chosen]["id"])
+        self._decisions_by_mode[mode].inc()
+        self._decide_latency.observe(time.perf_counter() - started)
+        return Decision(
+            action=acts[chosen]["id"],
+            index=chosen,
+            probabilities=tuple(probabilities),
+            event_id=event_id,
+            policy_version=version,
+            mode=mode,
+            recommended=acts[recommended_index]["id"] if recommended_index >= 0 else None,
+            fallback=fallback,
+        )
+
+    def reward(
+        self,
+        event_id: str,
+        signals: Mapping[str, float] | float | None = None,
+        *,
+        value: float | None = None,
+        reward_id: str | None = None,
+    ) -> None:
+        """Emit a RewardEvent for a decision: named ``signals`` or a plain ``value``."""
+        if isinstance(signals, (int, float)):
+            value, signals = float(signals), None
+        signals = {k: float(v) for k, v in (signals or {}).items()}
+        event = {
+            "event_id": event_id,
+            "reward_id": reward_id or uuid.uuid4().hex,
+            "tenant": self.tenant,
+            "workspace": self.workspace,
+            "domain": self.domain,
+            "timestamp": int(self._clock() * 1000),
+            "signals": signals,
+            "value": value,
+        }
+        self._validator.validate_reward(event)
+        arm = self._recent.get(event_id)
+        if arm is not None:
+            self._tracker.observe(arm, signals.get("cost_usd"), signals.get("latency_ms"))
+        if self._emitter is not None:
+            self._emitter.emit(self.topics.rewards, event_id, self._serde_reward.encode(event))
+
+    def observe(self, arm: str, *, cost_usd: float | None = None, latency_ms: float | None = None) -> None:
+        """Feed the shields' cost and latency tracking directly."""
+        self._tracker.observe(arm, cost_usd, latency_ms)
+
+    # -- snapshots ------------------------------------------------------------------------
+
+    def refresh(self) -> bool:
+        """Look for a newer verified snapshot now; True if one was swapped in."""
+        if self._repository is None:
+            return False
+        try:
+            fresh = self._repository.latest()
+        except Exception as exc:  # noqa: BLE001 - any failure keeps the last good snapshot
+            kind = getattr(exc, "kind", None) or _snake(type(exc).__name__)
+            self.metrics.verification_failures.labels(self.domain, kind).inc()
+            log.warning("snapshot refresh for %s failed (%s): keeping %s", self.domain, exc, self.policy_version or "the baseline")
+            return False
+        current = self._active
+        if fresh is None or (current is not None and fresh.version == current.version):
+            self._update_age()
+            return False
+        self._active = fresh  # one reference assignment: decide() sees old or new, never half
+        if current is not None:
+            self.metrics.snapshot_version.remove(self.domain, current.version)
+        self.metrics.snapshot_version.labels(self.domain, fresh.version).set(1)
+        self._update_age()
+        log.info("domain %s now decides with snapshot %s", self.domain, fresh.version)
+        return True
+
+    def use(self, active: ActivePolicy | None) -> None:
+        """Swap in a snapshot directly (tests, embedded use)."""
+        self._active = active
+
+    def _refresh_loop(self, interval: float) -> None:
+        while not self._stop.wait(interval):
+            self.refresh()
+
+    def _update_age(self) -> None:
+        active = self._active
+        if active is not None:
+            self.metrics.snapshot_age.labels(self.domain).set(max(0.0, self._clock() - active.created_at))
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    @property
+    def spool_depth(self) -> int:
+        return self._emitter.spool_depth if self._emitter is not None else 0
+
+    def flush(self, timeout: float = 30.0) -> bool:
+        """Wait until every emitted event is acknowledged by Kafka (spool drained)."""
+        return self._emitter.flush(timeout) if self._emitter is not None else True
+
+    def close(self, timeout: float = 10.0) -> None:
+        self._stop.set()
+        if self._refresh_thread is not None:
+            self._refresh_thread.join(timeout)
+        if self._emitter is not None:
+            self._emitter.close(timeout)
+
+    def __enter__(self) -> "Decider":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- internals ------------------------------------------------------------------------
+
+    def _shield(self, acts: list[dict], max_cost: float | None, max_latency_ms: float | None) -> list[int]:
+        if max_cost is None and max_latency_ms is None:
+            return list(range(len(acts)))
+        allowed = []
+        for i, act in enumerate(acts):
+            cost = self._tracker.cost(act["id"]) if max_cost is not None else None
+            p95 = self._tracker.p95_latency(act["id"]) if max_latency_ms is not None else None
+            if cost is not None and cost > max_cost:
+                continue
+            if p95 is not None and p95 > max_latency_ms:
+                continue
+            allowed.append(i)
+        if not allowed:  # every candidate breaks the budget: keep the baseline rather than fail
+            self.metrics.fallbacks.labels(self.domain, "all_shielded").inc()
+            return [0]
+        return allowed
+
+    def _remember_arm(self, event_id: str, arm: str) -> None:
+        recent = self._recent
+        recent[event_id] = arm
+        if len(recent) > self._remember:
+            recent.popitem(last=False)
+
+
+def _check_inputs(ctx: dict[str, Any], acts: list[dict[str, Any]], vector_dim: int) -> None:
+    """The caller's part of a DecisionEvent, validated at the boundary (the rest is ours)."""
+    from streams.errors import EmptyActions, NonFiniteFeature, WrongDimension
+
+    if not acts:
+        raise EmptyActions("actions", [], "decide needs at least one candidate")
+    for where, record in [("context", ctx)] + [(f"actions[{i}].features", a["features"]) for i, a in enumerate(acts)]:
+        for name, value in record["numeric"].items():
+            if not math.isfinite(value):
+                raise NonFiniteFeature(f"{where}.numeric[{name!r}]", value, "features must be finite")
+        vector = record["vector"]
+        if vector:
+            if vector_dim and where == "context" and len(vector) != vector_dim:
+                raise WrongDimension(f"{where}.vector", len(vector), f"expected {vector_dim} values")
+            if not all(map(math.isfinite, vector)):
+                raise NonFiniteFeature(f"{where}.vector", vector, "features must be finite")
+
+
+def _context_record(context: Mapping[str, Any]) -> dict[str, Any]:
+    if set(context) <= {"numeric", "categorical", "vector"} and context:
+        return {
+            "numeric": {k: float(v) for k, v in context.get("numeric", {}).items()},
+            "categorical": {k: str(v) for k, v in context.get("categorical", {}).items()},
+            "vector": [float(x) for x in context.get("vector", [])],
+        }
+    numeric: dict[str, float] = {}
+    categorical: dict[str, str] = {}
+    vector: list[float] = []
+    for name, value in context.items():
+        if isinstance(value, bool):
+            categorical[name] = "true" if value else "false"
+        elif isinstance(value, (int, float)):
+            numeric[name] = float(value)
+        elif isinstance(value, str):
+            categorical[name] = value
+        elif isinstance(value, (list, tuple, np.ndarray)):
+            vector = [float(x) for x in value]
+        else:
+            raise TypeError(f"context[{name!r}] is a {type(value).__name__}; use a number, a string or a list")
+    return {"numeric": numeric, "categorical": categorical, "vector": vector}
+
+
+def _action_record(action: str | Mapping[str, Any]) -> dict[str, Any]:
+    if isinstance(action, str):
+        return {"id": action, "features": {"numeric": {}, "categorical": {}, "vector": []}}
+    features = action.get("features") or {}
+    return {"id": str(action["id"]), "features": _context_record(features) if features else {"numeric": {}, "categorical": {}, "vector": []}}
+
+
+def _env_name(domain: str) -> str:
+    return re.sub(r"[^A-Za-z0-9]", "_", domain).upper()
+
+
+def _snake(name: str) -> str:
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()

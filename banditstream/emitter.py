@@ -1,0 +1,207 @@
+"""Non-blocking event emission for the SDK, with a local spool while Kafka is unreachable.
+
+``emit`` never waits for the network: it hands the encoded event to the confluent-kafka
+producer (delivery reported through callbacks) or, while the broker is unreachable or the
+spool still holds older events, appends it to the spool so order is kept. A background
+thread serves delivery callbacks and, once the broker answers again, drains the spool in
+order, committing each record only after the broker acknowledged it. A record whose
+delivery fails goes to the spool too. Past the spool's bound, events are counted and
+logged, never silently dropped.
+"""
+
+from __future__ import annotations
+
+import logging
+import struct
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from confluent_kafka import KafkaError, Producer
+
+from banditstream.spool import Spool
+from streams.settings import KafkaSettings
+
+log = logging.getLogger(__name__)
+
+_FRAME = struct.Struct(">HI")  # topic length, key length
+
+
+def _frame(topic: str, key: bytes, value: bytes) -> bytes:
+    t = topic.encode()
+    return _FRAME.pack(len(t), len(key)) + t + key + value
+
+
+def _unframe(body: bytes) -> tuple[str, bytes, bytes]:
+    tlen, klen = _FRAME.unpack_from(body)
+    start = _FRAME.size
+    topic = body[start : start + tlen].decode()
+    key = body[start + tlen : start + tlen + klen]
+    return topic, key, body[start + tlen + klen :]
+
+
+@dataclass
+class EmitterStats:
+    sent: int = 0
+    delivered: int = 0
+    spooled: int = 0
+    drained: int = 0
+    overflowed: int = 0
+
+
+class EventEmitter:
+    """See the module docstring. ``close()`` flushes what it can and stops the thread."""
+
+    def __init__(
+        self,
+        kafka: KafkaSettings,
+        *,
+        spool_path: str | Path,
+        spool_max_bytes: int = 64 << 20,
+        delivery_timeout_ms: int = 5000,
+        drain_interval_s: float = 0.2,
+        producer_overrides: dict[str, Any] | None = None,
+        on_spool_depth=None,
+    ):
+        self.stats = EmitterStats()
+        self.spool = Spool(spool_path, max_bytes=spool_max_bytes)
+        self._online = True
+        self._lock = threading.Lock()
+        self._on_spool_depth = on_spool_depth
+        config = kafka.producer_config(
+            **{
+                "message.timeout.ms": delivery_timeout_ms,
+                "queue.buffering.max.messages": 200_000,
+                "error_cb": self._on_error,
+                "log_level": 3,
+                **(producer_overrides or {}),
+            }
+        )
+        self.config = config
+        self._producer = Producer(config)
+        self._drain_interval = drain_interval_s
+        #: spool positions of records the broker already acknowledged during a drain that
+        #: stopped at an earlier failure; skipped on the next attempt so each arrives once
+        self._acked_positions: set[int] = set()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="banditstream-emitter", daemon=True)
+        self._thread.start()
+
+    # -- the hot path ---------------------------------------------------------------------
+
+    def emit(self, topic: str, key: str, value: bytes) -> None:
+        """Send one event without blocking; spool it when Kafka is unreachable."""
+        key_bytes = key.encode()
+        if self._online and self.spool.depth == 0:
+            try:
+                self._producer.produce(topic, value=value, key=key_bytes, on_delivery=self._delivered)
+                self.stats.sent += 1
+                return
+            except BufferError:
+                pass  # the local queue is full: the broker is not keeping up or is away
+        self._to_spool(topic, key_bytes, value)
+
+    @property
+    def online(self) -> bool:
+        return self._online
+
+    @property
+    def spool_depth(self) -> int:
+        return self.spool.depth
+
+    def flush(self, timeout: float = 30.0) -> bool:
+        """Wait until nothing is in flight and the spool is empty (or ``timeout``)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            in_flight = self._producer.flush(0.1)
+            if in_flight == 0 and self.spool.depth == 0:
+                return True
+        return False
+
+    def close(self, timeout: float = 10.0) -> None:
+        self.flush(timeout)
+        self._stop.set()
+        self._thread.join(timeout)
+        self.spool.close()
+
+    # -- callbacks and the background thread -------------------------------------------
+
+    def _delivered(self, error: KafkaError | None, message) -> None:
+        if error is None:
+            self.stats.delivered += 1
+            return
+        log.debug("delivery failed (%s); spooling", error)
+        self._online = False
+        self._to_spool(message.topic(), message.key() or b"", message.value() or b"")
+
+    def _on_error(self, error: KafkaError) -> None:
+        if error.code() in (KafkaError._ALL_BROKERS_DOWN, KafkaError._TRANSPORT, KafkaError._RESOLVE):
+            self._online = False
+
+    def _to_spool(self, topic: str, key: bytes, value: bytes) -> None:
+        if self.spool.append(_frame(topic, key, value)):
+            self.stats.spooled += 1
+        else:
+            self.stats.overflowed += 1
+        if self._on_spool_depth is not None:
+            self._on_spool_depth(self.spool.depth)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._producer.poll(self._drain_interval)
+            if self.spool.depth and self._broker_answers():
+                self._drain()
+            elif not self.spool.depth and not self._online and self._broker_answers():
+                self._online = True
+
+    def _broker_answers(self) -> bool:
+        try:
+            self._producer.list_topics(timeout=1.0)
+        except Exception:  # noqa: BLE001 - any failure means "not yet"
+            return False
+        return True
+
+    def _drain(self, batch: int = 2000) -> None:
+        """Send spooled records in order; commit the prefix the broker acknowledged."""
+        while self.spool.depth and not self._stop.is_set():
+            records = list(self.spool.peek(batch))
+            results: list[KafkaError | None | bool] = [False] * len(records)
+
+            def done(index):
+                def callback(error, _message):
+                    results[index] = error
+
+                return callback
+
+            for index, (position, body) in enumerate(records):
+                if position in self._acked_positions:
+                    results[index] = None
+                    continue
+                topic, key, value = _unframe(body)
+                while True:
+                    try:
+                        self._producer.produce(topic, value=value, key=key, on_delivery=done(index))
+                        break
+                    except BufferError:
+                        self._producer.poll(0.05)
+            self._producer.flush(30)
+            acknowledged = 0
+            for result in results:
+                if result is None:
+                    acknowledged += 1
+                else:
+                    break
+            if acknowledged:
+                self.spool.commit(records[acknowledged - 1][0])
+                self._acked_positions = {p for p in self._acked_positions if p > records[acknowledged - 1][0]}
+                self.stats.drained += acknowledged
+                if self._on_spool_depth is not None:
+                    self._on_spool_depth(self.spool.depth)
+            if acknowledged < len(records):
+                self._acked_positions.update(
+                    records[i][0] for i in range(acknowledged, len(records)) if results[i] is None
+                )
+                return  # broker went away again; try later from the first unacknowledged
+        self._online = True
