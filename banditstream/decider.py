@@ -379,6 +379,7 @@ class Decider:
         if fresh is None or (current is not None and fresh.version == current.version):
             self._update_age()
             return False
+        _warm(fresh)
         self._active = fresh  # one reference assignment: decide() sees old or new, never half
         if current is not None:
             self.metrics.snapshot_version.remove(self.domain, current.version)
@@ -389,6 +390,8 @@ class Decider:
 
     def use(self, active: ActivePolicy | None) -> None:
         """Swap in a snapshot directly (tests, embedded use)."""
+        if active is not None:
+            _warm(active)
         self._active = active
 
     def _refresh_loop(self, interval: float) -> None:
@@ -447,6 +450,16 @@ class Decider:
         recent[event_id] = arm
         if len(recent) > self._remember:
             recent.popitem(last=False)
+
+
+def _warm(active: ActivePolicy) -> None:
+    """Score once over the snapshot's arms before it goes live, so lazily built caches are
+    built here, in the refresh thread, and not in the first decide after the swap."""
+    arms = [a for a in active.policy.arm_ids() if a]
+    if arms:
+        X = np.zeros((len(arms), active.policy.dim))
+        X[:, 0] = 1.0
+        active.policy.probabilities(X, arms, rng=0)
 
 
 def _check_inputs(ctx: dict[str, Any], acts: list[dict[str, Any]], vector_dim: int) -> None:
