@@ -22,6 +22,7 @@ from banditstream.config import ConfigError, Settings, load_settings
 from banditstream.devstack import LocalStack, StackError
 from streams.errors import BanditstreamError
 from streams.topics import TopicError, ensure_topics
+from streams.validation import Validator
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help="Self-hosted contextual-bandit learning loop.")
 dev_app = typer.Typer(no_args_is_help=True, help="The embedded local stack (Tansu broker, SeaweedFS S3).")
@@ -171,6 +172,49 @@ def demo(
     if not all(r.intact and r.received == r.sent for r in results):
         err_console.print("[bold red]error:[/] some events did not round-trip intact")
         raise typer.Exit(1)
+
+
+@app.command()
+def replay(
+    path: Path = typer.Argument(..., help="A JSONL interaction log or an Avro file of Decision/Reward events."),
+    domain: str = typer.Option(..., "--domain", help="Domain the logged decisions belong to."),
+    actions: Optional[str] = typer.Option(None, "--actions", help="Candidate ids, comma-separated (default: agents seen in the log)."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Validate and report only; produce nothing."),
+) -> None:
+    """Warm-start from logs: validate every line, report bad ones by line number, produce the rest."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+    from banditstream import replay as replay_module
+    from streams.client import EventProducer
+
+    settings = state.settings()
+    result = replay_module.read_log(
+        path,
+        domain=domain,
+        actions=[a for a in actions.split(",") if a] if actions else None,
+        tenant=settings.tenant,
+        workspace=settings.workspace,
+        validator=Validator(settings.validation_limits()),
+    )
+    for problem in result.problems:
+        err_console.print(f"[yellow]skipped[/] {problem}", highlight=False)
+    table = Table("lines", "decisions", "rewards", "skipped", "uniform propensity assumed", title=f"replay of {path.name}")
+    table.add_row(str(result.lines), str(len(result.decisions)), str(len(result.rewards)), str(len(result.problems)), str(result.assumed_uniform))
+    console.print(table)
+    if dry_run:
+        return
+    total = len(result.decisions) + len(result.rewards)
+    columns = (TextColumn("producing"), BarColumn(), MofNCompleteColumn())
+    with Progress(*columns, console=console) as progress:
+        task = progress.add_task("produce", total=total)
+        sent = replay_module.produce(
+            result,
+            EventProducer(settings.kafka),
+            decisions_topic=settings.topics.decisions,
+            rewards_topic=settings.topics.rewards,
+            progress=lambda n: progress.advance(task, n),
+        )
+    console.print(f"produced {sent} events to {settings.topics.decisions} and {settings.topics.rewards}")
 
 
 # -- entry point --------------------------------------------------------------------------

@@ -1,0 +1,295 @@
+"""`banditstream replay`: warm-start the loop from logs you already have.
+
+Two inputs:
+
+- **A JSONL interaction log** (one JSON object per line), as assistants and RAG services
+  commonly keep one: an interaction line has ``interaction_id``, the ``question`` (or a
+  ``context`` object), the ``agent`` that answered, and optionally ``category``, ``top_k``,
+  ``num_sources``, ``timestamp`` (epoch seconds or milliseconds, or ISO 8601), ``probability``;
+  a feedback line has ``interaction_id`` and ``reward`` (a line may carry both). Each
+  interaction becomes a DecisionEvent (the agents seen in the log, or ``--actions``, are the
+  candidates; the logged agent is the chosen one, with the logged ``probability`` or, when
+  there is none, the uniform 1/K — an assumption the summary states); each feedback becomes
+  a RewardEvent with the reward as its ``value``.
+- **Avro container files** of DecisionEvents and/or RewardEvents (any schema version).
+
+Every line is validated; a bad line is reported with its line number and skipped, never
+fatal. Valid events are produced to the decisions and rewards topics, keyed by event_id.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import fastavro
+
+import schemas
+
+from streams.client import EventProducer
+from streams.errors import BanditstreamError
+from streams.serde import AvroSerde
+from streams.validation import Validator
+
+
+@dataclass
+class Problem:
+    source: str
+    line: int
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.source}:{self.line}: {self.message}"
+
+
+@dataclass
+class ReplayResult:
+    decisions: list[dict[str, Any]] = field(default_factory=list)
+    rewards: list[dict[str, Any]] = field(default_factory=list)
+    problems: list[Problem] = field(default_factory=list)
+    assumed_uniform: int = 0
+    lines: int = 0
+
+
+class ReplayError(BanditstreamError):
+    """The replay input as a whole cannot be used (missing file, unknown format)."""
+
+    reason = "replay"
+
+
+def read_log(
+    path: str | Path,
+    *,
+    domain: str,
+    actions: Sequence[str] | None = None,
+    tenant: str = "default",
+    workspace: str = "main",
+    validator: Validator | None = None,
+) -> ReplayResult:
+    """Parse and validate a JSONL log or an Avro file into events (nothing is produced)."""
+    path = Path(path)
+    if not path.exists():
+        raise ReplayError("path", str(path), "no such file")
+    validator = validator or Validator()
+    if path.suffix == ".avro":
+        return _read_avro(path, validator)
+    return _read_jsonl(path, domain, actions, tenant, workspace, validator)
+
+
+def produce(result: ReplayResult, producer: EventProducer, *, decisions_topic: str, rewards_topic: str, progress=None) -> int:
+    """Send the events (decisions first, each reward after its decision); returns the count."""
+    decision_serde = AvroSerde("decision", framing="single_object")
+    reward_serde = AvroSerde("reward", framing="single_object")
+    sent = 0
+    for decision in result.decisions:
+        producer.send(decisions_topic, decision_serde, decision)
+        sent += 1
+        if progress is not None:
+            progress(1)
+    for reward in result.rewards:
+        producer.send(rewards_topic, reward_serde, reward)
+        sent += 1
+        if progress is not None:
+            progress(1)
+    producer.flush()
+    return sent
+
+
+# -- JSONL --------------------------------------------------------------------------------
+
+
+def _read_jsonl(path, domain, actions, tenant, workspace, validator) -> ReplayResult:
+    result = ReplayResult()
+    parsed: list[tuple[int, dict[str, Any]]] = []
+    for number, text in _lines(path):
+        result.lines += 1
+        try:
+            line = json.loads(text)
+        except json.JSONDecodeError as exc:
+            result.problems.append(Problem(path.name, number, f"not JSON: {exc.msg} at column {exc.colno}"))
+            continue
+        if not isinstance(line, dict):
+            result.problems.append(Problem(path.name, number, f"expected a JSON object, got {type(line).__name__}"))
+            continue
+        iid = line.get("interaction_id")
+        if not isinstance(iid, (str, int)) or iid == "":
+            result.problems.append(Problem(path.name, number, f"interaction_id is {iid!r}; every line needs one"))
+            continue
+        if "agent" not in line and "reward" not in line:
+            result.problems.append(Problem(path.name, number, "neither an interaction (agent) nor feedback (reward)"))
+            continue
+        parsed.append((number, line))
+
+    candidates = list(actions) if actions else sorted({str(line["agent"]) for _, line in parsed if "agent" in line})
+    seen: dict[str, dict[str, Any]] = {}
+    feedback_counts: dict[str, int] = {}
+    for number, line in parsed:
+        iid = str(line["interaction_id"])
+        try:
+            timestamp = _timestamp(line.get("timestamp"), default=None)
+        except ValueError as exc:
+            result.problems.append(Problem(path.name, number, str(exc)))
+            continue
+        if "agent" in line:
+            if iid in seen:
+                result.problems.append(Problem(path.name, number, f"interaction {iid!r} appears twice; the first is kept"))
+            else:
+                decision = _decision(line, iid, candidates, domain, tenant, workspace, timestamp)
+                if isinstance(decision, str):
+                    result.problems.append(Problem(path.name, number, decision))
+                    continue
+                try:
+                    validator.validate_decision(decision)
+                except BanditstreamError as exc:
+                    result.problems.append(Problem(path.name, number, str(exc)))
+                    continue
+                seen[iid] = decision
+                result.decisions.append(decision)
+                result.assumed_uniform += "probability" not in line
+        if "reward" in line:
+            value = line["reward"]
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                result.problems.append(Problem(path.name, number, f"reward is {value!r}; expected a finite number"))
+                continue
+            decision = seen.get(iid)
+            if decision is None:
+                result.problems.append(Problem(path.name, number, f"feedback for interaction {iid!r} comes before (or without) it"))
+                continue
+            n = feedback_counts.get(iid, 0)
+            feedback_counts[iid] = n + 1
+            reward = {
+                "event_id": iid,
+                "reward_id": str(line.get("feedback_id") or f"{iid}/feedback-{n}"),
+                "tenant": tenant,
+                "workspace": workspace,
+                "domain": domain,
+                "timestamp": timestamp if timestamp is not None else decision["timestamp"] + 1 + n,
+                "signals": {},
+                "value": float(value),
+            }
+            try:
+                validator.validate_reward(reward)
+            except BanditstreamError as exc:
+                result.problems.append(Problem(path.name, number, str(exc)))
+                continue
+            result.rewards.append(reward)
+    result.problems.sort(key=lambda problem: problem.line)
+    return result
+
+
+def _decision(line, iid, candidates, domain, tenant, workspace, timestamp) -> dict[str, Any] | str:
+    agent = str(line["agent"])
+    if agent not in candidates:
+        return f"agent {agent!r} is not among the candidates {candidates}"
+    k = len(candidates)
+    chosen = candidates.index(agent)
+    logged = line.get("probability")
+    if logged is None:
+        probabilities = [1.0 / k] * k
+    else:
+        if isinstance(logged, bool) or not isinstance(logged, (int, float)) or not 0.0 < logged <= 1.0:
+            return f"probability is {logged!r}; expected a number in (0, 1]"
+        rest = (1.0 - logged) / (k - 1) if k > 1 else 0.0
+        probabilities = [rest] * k
+        probabilities[chosen] = float(logged)
+    numeric: dict[str, float] = {}
+    categorical: dict[str, str] = {}
+    if isinstance(line.get("context"), dict):
+        for name, value in line["context"].items():
+            if isinstance(value, bool) or isinstance(value, str):
+                categorical[name] = str(value)
+            elif isinstance(value, (int, float)):
+                numeric[name] = float(value)
+    question = line.get("question")
+    if isinstance(question, str):
+        numeric["question_words"] = float(len(question.split()))
+    for name in ("top_k", "num_sources"):
+        value = line.get(name)
+        if value is not None:
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                return f"{name} is {value!r}; expected a number"
+            numeric[name] = float(value)
+    if line.get("category") is not None:
+        categorical["category"] = str(line["category"])
+    return {
+        "event_id": iid,
+        "tenant": tenant,
+        "workspace": workspace,
+        "domain": domain,
+        "timestamp": timestamp if timestamp is not None else 0,
+        "context": {"numeric": numeric, "categorical": categorical, "vector": []},
+        "actions": [{"id": a, "features": {"numeric": {}, "categorical": {}, "vector": []}} for a in candidates],
+        "chosen": chosen,
+        "probabilities": probabilities,
+        "policy_version": str(line.get("policy_version", "replay")),
+        "mode": "live",
+        "deferred": False,
+        "recommended": -1,
+    }
+
+
+def _lines(path: Path) -> Iterator[tuple[int, str]]:
+    with open(path, encoding="utf-8") as f:
+        for number, text in enumerate(f, start=1):
+            if text.strip():
+                yield number, text
+
+
+def _timestamp(value: Any, default: int | None) -> int | None:
+    """Epoch milliseconds from seconds, milliseconds or ISO 8601."""
+    if value is None:
+        return default
+    if isinstance(value, bool):
+        raise ValueError(f"timestamp is {value!r}")
+    if isinstance(value, (int, float)):
+        return int(value * 1000) if value < 10**11 else int(value)
+    if isinstance(value, str):
+        try:
+            return int(datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp() * 1000)
+        except ValueError:
+            raise ValueError(f"timestamp {value!r} is neither epoch time nor ISO 8601") from None
+    raise ValueError(f"timestamp is {value!r}")
+
+
+# -- Avro ---------------------------------------------------------------------------------
+
+
+def _read_avro(path: Path, validator: Validator) -> ReplayResult:
+    result = ReplayResult()
+    try:
+        with open(path, "rb") as f:
+            name = fastavro.reader(f).writer_schema.get("name", "")
+        kind = {"DecisionEvent": "decision", "RewardEvent": "reward"}.get(name.rsplit(".", 1)[-1])
+        if kind is None:
+            raise ReplayError("schema", name, "an Avro replay file must hold DecisionEvents or RewardEvents")
+        with open(path, "rb") as f:
+            reader = fastavro.reader(f, reader_schema=schemas.parsed(kind))  # older versions read as current
+            for number, record in enumerate(reader, start=1):
+                result.lines += 1
+                record = _millis(record)
+                try:
+                    if kind == "decision":
+                        validator.validate_decision(record)
+                        result.decisions.append(record)
+                    else:
+                        validator.validate_reward(record)
+                        result.rewards.append(record)
+                except BanditstreamError as exc:
+                    result.problems.append(Problem(path.name, number, str(exc)))
+    except (ValueError, EOFError) as exc:
+        if isinstance(exc, ReplayError):
+            raise
+        result.problems.append(Problem(path.name, result.lines + 1, f"unreadable Avro: {exc}"))
+    return result
+
+
+def _millis(record: dict[str, Any]) -> dict[str, Any]:
+    ts = record.get("timestamp")
+    if isinstance(ts, datetime):
+        record["timestamp"] = int(ts.timestamp() * 1000)
+    return record

@@ -1,0 +1,97 @@
+"""`banditstream replay`: logs in, bad lines reported by number, valid events out to the topics."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import fastavro
+import pytest
+
+import schemas
+from banditstream.replay import ReplayError, read_log
+from streams.client import BatchConsumer
+from streams.serde import AvroSerde
+from streams.topics import ensure_topics
+from tests import factories
+
+LOG = Path(__file__).parent / "data" / "interactions.jsonl"
+
+
+def test_jsonl_log_becomes_decisions_and_rewards_with_bad_lines_reported():
+    result = read_log(LOG, domain="rag")
+    assert [d["event_id"] for d in result.decisions] == ["q1", "q2", "q3", "q6"]
+    candidates = ["agentic_rag", "hybrid_rag", "naive_rag"]
+    q1 = result.decisions[0]
+    assert [a["id"] for a in q1["actions"]] == candidates
+    assert q1["chosen"] == candidates.index("naive_rag")
+    assert q1["probabilities"] == [1 / 3] * 3 and result.assumed_uniform == 3
+    assert q1["context"]["numeric"] == {"question_words": 5.0, "top_k": 4.0, "num_sources": 3.0}
+    assert q1["context"]["categorical"] == {"category": "account"}
+    assert q1["timestamp"] == 1_760_000_000_000
+    q6 = result.decisions[3]
+    assert q6["probabilities"][q6["chosen"]] == 0.5 and abs(sum(q6["probabilities"]) - 1) < 1e-12
+    rewards = {(r["event_id"], r["reward_id"]): r["value"] for r in result.rewards}
+    assert rewards == {
+        ("q1", "q1/feedback-0"): 1.0,
+        ("q2", "q2/feedback-0"): 0.8,
+        ("q3", "q3/feedback-0"): 0.4,
+        ("q6", "fb-q6-a"): 0.0,
+        ("q6", "fb-q6-b"): 1.0,
+    }
+    assert [(p.line, p.message.split(";")[0].split(":")[0]) for p in result.problems] == [
+        (6, "not JSON"),
+        (7, "top_k is 'many'"),
+        (8, "feedback for interaction 'q5' comes before (or without) it"),
+        (9, "reward is 'great'"),
+        (10, "interaction_id is None"),
+    ]
+
+
+def test_avro_files_of_older_schema_versions_replay_as_current(tmp_path):
+    import random
+
+    rng = random.Random(1)
+    v1 = schemas.parsed("decision", 1)
+    records = []
+    for i in range(5):
+        record = factories.decision(i, rng)
+        del record["recommended"]
+        records.append(record)
+    path = tmp_path / "decisions.avro"
+    with open(path, "wb") as f:
+        fastavro.writer(f, v1, records)
+    result = read_log(path, domain="ignored")
+    assert len(result.decisions) == 5 and result.problems == []
+    assert all(d["recommended"] == -1 for d in result.decisions)
+
+
+def test_missing_file_is_one_clear_error(tmp_path):
+    with pytest.raises(ReplayError, match="no such file"):
+        read_log(tmp_path / "nope.jsonl", domain="rag")
+
+
+def test_replay_cli_produces_valid_events_to_the_topics(kafka, topics, tmp_path):
+    ensure_topics(kafka, topics)
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "BANDITSTREAM_KAFKA__BOOTSTRAP_SERVERS": kafka.bootstrap_servers,
+        "BANDITSTREAM_KAFKA__PROFILE": kafka.profile,
+        "BANDITSTREAM_TOPICS__DECISIONS": topics.decisions,
+        "BANDITSTREAM_TOPICS__REWARDS": topics.rewards,
+    }
+    run = subprocess.run(
+        [sys.executable, "-m", "banditstream.cli", "replay", str(LOG), "--domain", "rag"],
+        capture_output=True, text=True, env=env, timeout=120,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    assert "interactions.jsonl:6: not JSON" in run.stderr
+    assert "produced 9 events" in run.stdout
+    got = {}
+    for topic, name in ((topics.decisions, "decision"), (topics.rewards, "reward")):
+        with BatchConsumer(kafka, f"replay-check-{name}", [topic]) as consumer:
+            for batch in consumer.batches(AvroSerde(name, framing="single_object"), idle_timeout=5):
+                got.setdefault(name, []).extend(batch.records)
+    assert sorted(d["event_id"] for d in got["decision"]) == ["q1", "q2", "q3", "q6"]
+    assert len(got["reward"]) == 5
