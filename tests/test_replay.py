@@ -27,7 +27,7 @@ def test_jsonl_log_becomes_decisions_and_rewards_with_bad_lines_reported():
     assert [a["id"] for a in q1["actions"]] == candidates
     assert q1["chosen"] == candidates.index("naive_rag")
     assert q1["probabilities"] == [1 / 3] * 3 and result.assumed_uniform == 3
-    assert q1["context"]["numeric"] == {"question_words": 5.0, "top_k": 4.0, "num_sources": 3.0}
+    assert q1["context"]["numeric"] == {"question_words": 6.0, "top_k": 4.0, "num_sources": 3.0}
     assert q1["context"]["categorical"] == {"category": "account"}
     assert q1["timestamp"] == 1_760_000_000_000
     q6 = result.decisions[3]
