@@ -141,11 +141,20 @@ def config_show() -> None:
 # -- workers ------------------------------------------------------------------------------
 
 
+def _one_blas_thread() -> None:
+    """Workers apply many small per-arm products; multi-threaded BLAS only stalls on them when
+    the cores are shared (measured: 85 ms instead of 1.4 ms per 1,000-row batch at d=128)."""
+    from threadpoolctl import threadpool_limits
+
+    threadpool_limits(1)
+
+
 @app.command()
 def join() -> None:
     """Run the join worker: decisions + rewards -> one UpdateEvent per decision. SIGTERM stops it gracefully."""
     from streams.join import run_join
 
+    _one_blas_thread()
     run_join(state.settings().worker_config())
 
 
@@ -154,6 +163,7 @@ def learn() -> None:
     """Run the learner worker: updates -> posterior shards in RocksDB. SIGTERM stops it gracefully."""
     from streams.learn import run_learner
 
+    _one_blas_thread()
     run_learner(state.settings().worker_config())
 
 
