@@ -9,7 +9,7 @@ everything written with an older one. Superseded versions are kept in ``history/
     >>> schemas.load("decision")["name"]
     'DecisionEvent'
     >>> schemas.NAMES
-    ('decision', 'reward', 'update', 'posterior', 'deadletter')
+    ('decision', 'reward', 'update', 'posterior', 'deadletter', 'snapshot')
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import fastavro.schema
 NAMESPACE = "io.banditstream.v1"
 
 #: Schema names in the order data flows through the system.
-NAMES = ("decision", "reward", "update", "posterior", "deadletter")
+NAMES = ("decision", "reward", "update", "posterior", "deadletter", "snapshot")
 
 
 class UnknownSchema(KeyError):
