@@ -1,0 +1,273 @@
+"""The publisher worker: the compacted posterior topic in, signed snapshots out.
+
+The only module of the publisher that reads Kafka (through :mod:`streams`). It runs:
+
+1. **Read.** Consume every partition of the posterior topic from the beginning (its own
+   consumer group, never committed: the topic is compacted, so a restart re-reads the latest
+   state of every model) and keep the latest PosteriorShard per model key
+   (tenant/workspace/domain/arm) of this worker's tenant and workspace.
+2. **Decide.** A domain is due when ``every_updates`` updates arrived since its last publish
+   attempt, or ``every_seconds`` passed since then with at least one new update.
+3. **Publish.** Rebuild the domain's policy from its shards (each arm's state blob, the
+   learner's drift statistics, the watermarks as source offsets) and hand it to
+   :meth:`~publisher.publish.Publisher.publish`: guards, version, sign, upload. A guard
+   failure or a lost version race is logged and counted; the domain is tried again at its
+   next due time.
+4. **Keep metadata fresh.** Every ``refresh_every_seconds``, re-sign the timestamp (and
+   snapshot/targets) of each published domain that is about to expire, so clients never see
+   expired metadata while the publisher runs, even without new data.
+
+    run_publisher(settings.worker_config(), PublisherSettings(store, keys, root), stop=event)
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from learner.domain import DomainSettings
+from learner.policies import FORMAT_MAJOR, Drift, Policy, PolicyError
+from publisher.errors import GuardFailed, PublisherError, VersionConflict
+from publisher.publish import Publisher, PublisherConfig, PublisherMetrics
+from publisher.signing import KeyRing
+from publisher.snapshot import SourceOffset
+from publisher.stores import SnapshotStore
+from streams.client import BatchConsumer
+from streams.worker import WorkerConfig
+
+__all__ = ["PosteriorTable", "PublisherSettings", "PublisherStats", "policy_from_shards", "run_publisher"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class PublisherSettings:
+    """What the publisher worker needs besides the WorkerConfig: where and how to publish."""
+
+    store: SnapshotStore
+    keys: KeyRing
+    root: bytes
+    config: PublisherConfig = field(default_factory=PublisherConfig)
+    #: Publish a domain once this many updates arrived since its last attempt ...
+    every_updates: int = 1000
+    #: ... or once this long passed since then, if anything arrived.
+    every_seconds: float = 60.0
+    #: How often expiring metadata is re-signed.
+    refresh_every_seconds: float = 60.0
+    poll_timeout: float = 0.5
+    max_records: int = 1000
+    #: Consumer group; default: one of its own per process, so every replica reads everything.
+    group_id: str | None = None
+
+
+@dataclass
+class PublisherStats:
+    """What a run did (returned when it stops)."""
+
+    records: int = 0
+    undecodable: int = 0
+    ignored: int = 0
+    published: list[tuple[str, str]] = field(default_factory=list)
+    guard_failures: int = 0
+    conflicts: int = 0
+    errors: int = 0
+
+
+class PosteriorTable:
+    """The latest PosteriorShard per model key, and per domain the updates seen since a mark."""
+
+    def __init__(self, tenant: str, workspace: str, domains: Iterable[str]) -> None:
+        self.tenant, self.workspace = tenant, workspace
+        self.domains = set(domains)
+        self._shards: dict[str, dict[tuple[str, str], dict[str, Any]]] = {d: {} for d in self.domains}
+        self._new_updates: dict[str, int] = {d: 0 for d in self.domains}
+
+    def put(self, record: Mapping[str, Any]) -> bool:
+        """Keep ``record`` if it is ours and not older than what is held; False if ignored."""
+        if record["tenant"] != self.tenant or record["workspace"] != self.workspace or record["domain"] not in self.domains:
+            return False
+        shards = self._shards[record["domain"]]
+        key = (record["arm"], record["policy"])
+        held = shards.get(key)
+        if held is not None and held["update_count"] > record["update_count"] and held["policy"] == record["policy"]:
+            return False  # a replayed older state (at-least-once delivery)
+        before = held["update_count"] if held is not None else 0
+        shards[key] = dict(record)
+        self._new_updates[record["domain"]] += max(1, record["update_count"] - before)
+        return True
+
+    def shards(self, domain: str) -> list[dict[str, Any]]:
+        return [self._shards[domain][k] for k in sorted(self._shards[domain])]
+
+    def new_updates(self, domain: str) -> int:
+        return self._new_updates[domain]
+
+    def mark(self, domain: str) -> None:
+        self._new_updates[domain] = 0
+
+
+def policy_from_shards(
+    settings: DomainSettings, shards: Iterable[Mapping[str, Any]]
+) -> tuple[Policy, dict[str, Drift], list[SourceOffset], list[str]]:
+    """The domain's policy rebuilt from its shards, the learner's drift statistics, the source
+    offsets (per updates partition, the furthest watermark) and warnings for shards left out."""
+    policy = settings.make_policy()
+    feature_hash = settings.features.config_hash()
+    drift: dict[str, Drift] = {}
+    offsets: dict[tuple[str, int], int] = {}
+    skipped: list[str] = []
+    for shard in shards:
+        arm = shard["arm"]
+        if shard["policy"] != settings.policy or shard["dimension"] != settings.features.dimension:
+            skipped.append(f"arm {arm!r}: {shard['policy']} at d={shard['dimension']}, the domain is {settings.policy} at d={policy.dim}")
+            continue
+        if shard["feature_hash"] and shard["feature_hash"] != feature_hash:
+            skipped.append(f"arm {arm!r}: learned with features {shard['feature_hash']}, the domain hashes with {feature_hash}")
+            continue
+        if shard["state_major"] != FORMAT_MAJOR:
+            skipped.append(f"arm {arm!r}: state major {shard['state_major']}, this code reads {FORMAT_MAJOR}")
+            continue
+        try:
+            policy.load_arm_state(arm, shard["state"])
+        except PolicyError as exc:
+            skipped.append(f"arm {arm!r}: state does not load: {exc}")
+            continue
+        if shard["drift_trace"] or shard["drift_norm"]:
+            drift[arm] = Drift(float(shard["drift_trace"]), float(shard["drift_norm"]))
+        for mark in shard["watermark"]:
+            key = (mark["topic"], int(mark["partition"]))
+            offsets[key] = max(offsets.get(key, 0), int(mark["offset"]))
+    sources = [SourceOffset(topic, partition, offset) for (topic, partition), offset in sorted(offsets.items())]
+    return policy, drift, sources, skipped
+
+
+class _PublisherWorker:
+    """One run of the worker loop; see the module docstring for the steps."""
+
+    def __init__(self, config: WorkerConfig, settings: PublisherSettings, metrics: PublisherMetrics | None) -> None:
+        self.config = config
+        self.settings = settings
+        self.publisher = Publisher(
+            settings.store, settings.keys, settings.root, domains=config.domains, tenant=config.tenant,
+            workspace=config.workspace, config=settings.config, metrics=metrics,
+        )  # fmt: skip
+        self.table = PosteriorTable(config.tenant, config.workspace, config.domains)
+        self.stats = PublisherStats()
+        now = time.monotonic()
+        self._last_attempt = {d: now for d in config.domains}
+        self._last_refresh = now
+        self._started = now
+        #: No publish before the compacted topic has been read to its end once (an empty poll),
+        #: or every_seconds after the start: a snapshot built half-way would lack arms.
+        self._caught_up = False
+        self._published: set[str] = set()
+
+    def run(self, stop: threading.Event, idle_timeout: float | None) -> PublisherStats:
+        s = self.settings
+        group = s.group_id or f"banditstream-publisher-{self.config.tenant}-{self.config.workspace}-{uuid.uuid4().hex[:8]}"
+        serde = self.config.serde("posterior", topic=self.config.topics.posterior)
+        last_record = time.monotonic()
+        with BatchConsumer(self.config.kafka, group, [self.config.topics.posterior]) as consumer:
+            while not stop.is_set():
+                batch = consumer.poll_batch(serde, max_records=s.max_records, timeout=s.poll_timeout)
+                if batch.next_offsets:
+                    last_record = time.monotonic()
+                else:
+                    self._caught_up = True
+                self._read(batch)
+                if not self._caught_up and time.monotonic() - self._started < s.every_seconds:
+                    continue
+                for domain in self._due():
+                    self._publish(domain)
+                self._refresh_metadata()
+                if idle_timeout is not None and time.monotonic() - last_record > idle_timeout:
+                    break
+        return self.stats
+
+    def _read(self, batch: Any) -> None:
+        for failure in batch.failures:
+            self.stats.undecodable += 1
+            log.warning("posterior record %s[%d]@%d does not decode: %s", failure.topic, failure.partition, failure.offset, failure.error)
+        for record in batch.records:
+            self.stats.records += 1
+            if not self.table.put(record):
+                self.stats.ignored += 1
+
+    def _due(self) -> list[str]:
+        now = time.monotonic()
+        due = []
+        for domain in self.config.domains:
+            new = self.table.new_updates(domain)
+            if new >= self.settings.every_updates or (new > 0 and now - self._last_attempt[domain] >= self.settings.every_seconds):
+                due.append(domain)
+        return due
+
+    def _publish(self, domain: str) -> None:
+        self._last_attempt[domain] = time.monotonic()
+        self.table.mark(domain)
+        policy, drift, offsets, skipped = policy_from_shards(self.config.domains[domain], self.table.shards(domain))
+        for warning in skipped:
+            log.warning("%s: shard left out of the snapshot: %s", domain, warning)
+        if self._unchanged(domain, offsets):
+            return
+        try:
+            result = self.publisher.publish(domain, policy, drift=drift, source_offsets=offsets)
+        except GuardFailed:
+            self.stats.guard_failures += 1  # logged and counted by the publisher
+        except VersionConflict as exc:
+            self.stats.conflicts += 1
+            log.info("%s: %s; trying again at the next due time", domain, exc)
+        except PublisherError as exc:
+            self.stats.errors += 1
+            log.error("%s: publish failed: %s", domain, exc)
+        else:
+            self.stats.published.append((domain, result.version))
+            self._published.add(domain)
+
+    def _unchanged(self, domain: str, offsets: list[SourceOffset]) -> bool:
+        """The newest published version already holds exactly these offsets (e.g. after a restart)."""
+        try:
+            latest = self.publisher.repository(domain).latest()
+        except PublisherError:
+            return False
+        if latest is None or latest.custom.get("derived_from") is not None or not offsets:
+            return False
+        return latest.custom.get("source_offsets") == [o._asdict() for o in offsets]
+
+    def _refresh_metadata(self) -> None:
+        if time.monotonic() - self._last_refresh < self.settings.refresh_every_seconds:
+            return
+        self._last_refresh = time.monotonic()
+        for domain in sorted(self._published):
+            try:
+                roles = self.publisher.refresh(domain)
+            except PublisherError as exc:
+                log.error("%s: re-signing expiring metadata failed: %s", domain, exc)
+                continue
+            if roles:
+                log.info("%s: re-signed %s", domain, ", ".join(roles))
+
+
+def run_publisher(
+    config: WorkerConfig,
+    settings: PublisherSettings,
+    *,
+    stop: threading.Event | None = None,
+    metrics: PublisherMetrics | None = None,
+    idle_timeout: float | None = None,
+) -> PublisherStats:
+    """Run the publisher until ``stop`` is set (or ``idle_timeout`` seconds pass without records)."""
+    if not config.domains:
+        raise PublisherError("the publisher needs at least one configured domain")
+    worker = _PublisherWorker(config, settings, metrics)
+    log.info(
+        "publisher for %s/%s: domains %s, every %d updates or %.0fs, to %s",
+        config.tenant, config.workspace, ", ".join(sorted(config.domains)), settings.every_updates,
+        settings.every_seconds, settings.store.location,
+    )  # fmt: skip
+    return worker.run(stop or threading.Event(), idle_timeout)
