@@ -1,0 +1,412 @@
+"""The publisher: snapshot format, guards, versions, channels, rollback, retention, audit log,
+restore, the CLI's library calls and the worker over the real broker."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import stat
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from learner.domain import DomainSettings
+from learner.policies import Policy
+from publisher import cli_ops
+from publisher.errors import (
+    ChannelError,
+    DriftGuardFailed,
+    KeyFileError,
+    MajorVersionError,
+    NonFiniteState,
+    SnapshotNotFound,
+    TooFewSamples,
+)
+from publisher.guards import GuardConfig
+from publisher.publish import Publisher, PublisherConfig
+from publisher.pull import SnapshotClient
+from publisher.repository import RepositoryConfig, create_root, target_name
+from publisher.signing import KeyRing, NaclSigner
+from publisher.snapshot import STATE_MAJOR, SemVer, Snapshot
+from publisher.stores import DirectoryStore
+from publisher.worker import PublisherSettings, run_publisher
+from streams.client import EventProducer
+from streams.topics import ensure_topics
+
+DIM = 6
+ARMS = ["small", "medium", "large"]
+
+
+def settings(**params) -> DomainSettings:
+    return DomainSettings(policy="lin_ts", params={"seed": 3, **params}, features={"dimension": DIM})
+
+
+def learn(policy: Policy, n: int = 120, *, seed: int = 0, scale: float = 1.0) -> Policy:
+    rng = np.random.default_rng(seed)
+    X = rng.standard_normal((n, DIM)) * scale
+    X[:, 0] = 1.0
+    arms = [ARMS[i % len(ARMS)] for i in range(n)]
+    rewards = X[:, 1] * 0.3 + rng.normal(0, 0.1, n)
+    policy.update_batch(X, arms, rewards)
+    return policy
+
+
+@pytest.fixture(scope="module")
+def keys() -> KeyRing:
+    return KeyRing.generate()
+
+
+@pytest.fixture(scope="module")
+def root(keys) -> bytes:
+    return create_root(keys)
+
+
+@pytest.fixture
+def store(tmp_path) -> DirectoryStore:
+    return DirectoryStore(tmp_path / "repo")
+
+
+def make_publisher(store, keys, root, *, domains=None, **config) -> Publisher:
+    guards = config.pop("guards", GuardConfig(min_samples=1, drift_warmup=0))
+    return Publisher(
+        store, keys, root, domains=domains or {"route": settings()}, config=PublisherConfig(guards=guards, **config)
+    )
+
+
+def client(store, tmp_path, root, channel="stable", domain="route") -> SnapshotClient:
+    return SnapshotClient(store, tmp_path / f"cache-{channel}-{domain}", root, domain=domain, channel=channel)
+
+
+# --- format and round trip -----------------------------------------------------------------------
+
+
+def test_publish_pull_load_round_trip_directory_store(store, keys, root, tmp_path):
+    publisher = make_publisher(store, keys, root)
+    policy = learn(settings().make_policy())
+    result = publisher.publish("route", policy, source_offsets=[("bandit.updates", 0, 120)])
+
+    loaded = client(store, tmp_path, root).refresh()
+
+    assert (result.version, loaded.version) == ("1.0.0", "1.0.0")
+    snap = loaded.snapshot
+    assert snap.domain == "route" and snap.state_major == STATE_MAJOR and snap.samples == 120
+    assert [a.arm for a in snap.arms] == ARMS and all(a.count == 40 for a in snap.arms)
+    assert snap.feature_hash == settings().features.config_hash()
+    assert [tuple(o) for o in snap.source_offsets] == [("bandit.updates", 0, 120)]
+    sdk = snap.load_policy()
+    assert sdk.scoring_only and sdk.arm_ids() == ARMS
+    for arm in ARMS:  # posterior means and factors arrive exactly
+        for name, value in policy.scoring_arrays(arm).items():
+            np.testing.assert_array_equal(sdk.scoring_arrays(arm)[name], value)
+    choice = sdk.probabilities(np.ones((3, DIM)), ARMS, rng=1)
+    assert abs(choice.probabilities.sum() - 1.0) < 1e-12
+    custom = loaded.target.custom
+    assert {k: custom[k] for k in ("version", "dimension", "arms", "samples", "state_major")} == {
+        "version": "1.0.0", "dimension": DIM, "arms": 3, "samples": 120, "state_major": 1,
+    }  # fmt: skip
+    assert custom["git_commit"] and custom["created_at"].endswith("Z") and custom["channels"] == ["canary", "stable"]
+
+
+def test_snapshot_bytes_round_trip_every_field_and_refuse_another_major():
+    snap = Snapshot.build(learn(settings().make_policy()), settings(), domain="route", created_at=1_700_000_000_000)
+    snap = snap.replace(normalizer={"format": 1, "features": {"tokens": [3, 2.0, 0.5]}}, derived_from="1.0.0")
+    again = Snapshot.from_bytes(snap.to_bytes())
+    assert again == snap
+    assert again.frozen_normalizer().frozen and again.features() == settings().features
+
+    other = snap.replace(state_major=STATE_MAJOR + 1, version=f"{STATE_MAJOR + 1}.0.0").to_bytes()
+    with pytest.raises(MajorVersionError):
+        Snapshot.from_bytes(other)
+    assert Snapshot.from_bytes(other, expect_major=None).state_major == STATE_MAJOR + 1
+
+
+def test_versions_bump_patch_for_data_and_minor_for_hyper_parameters(store, keys, root):
+    policy = learn(settings().make_policy())
+    publisher = make_publisher(store, keys, root)
+    assert publisher.publish("route", policy).version == "1.0.0"
+    learn(policy, seed=1)
+    assert publisher.publish("route", policy).version == "1.0.1"
+
+    changed = settings(v=0.5)
+    retuned = make_publisher(store, keys, root, domains={"route": changed})
+    assert retuned.publish("route", learn(changed.make_policy())).version == "1.1.0"
+    assert retuned.publish("route", learn(changed.make_policy(), seed=2)).version == "1.1.1"
+
+
+# --- guards --------------------------------------------------------------------------------------
+
+
+def metric(publisher: Publisher, name: str, **labels) -> float:
+    value = publisher.metrics.registry.get_sample_value(name, labels)
+    return 0.0 if value is None else value
+
+
+def test_guard_non_finite_state_aborts_with_reason_logged_and_counted(store, keys, root, caplog):
+    publisher = make_publisher(store, keys, root)
+    policy = learn(settings().make_policy())
+    policy._arrays["b"][1, 2] = np.nan  # a learner bug: NaN in one arm's statistics
+
+    with caplog.at_level(logging.WARNING, logger="publisher.publish"), pytest.raises(NonFiniteState) as err:
+        publisher.publish("route", policy)
+
+    assert "NaN" in str(err.value)
+    assert metric(publisher, "banditstream_snapshot_guard_failures_total", domain="route", reason="non_finite") == 1
+    assert "non_finite guard" in caplog.text and "NaN" in caplog.text
+    assert publisher.repository("route").versions() == []
+
+
+def test_guard_minimum_samples_aborts(store, keys, root):
+    publisher = make_publisher(store, keys, root, guards=GuardConfig(min_samples=500))
+    with pytest.raises(TooFewSamples, match="120 samples, the minimum to publish is 500"):
+        publisher.publish("route", learn(settings().make_policy()))
+    assert metric(publisher, "banditstream_snapshot_guard_failures_total", domain="route", reason="min_samples") == 1
+    assert publisher.repository("route").versions() == []
+
+
+def test_guard_drift_aborts_when_an_arms_statistics_leave_their_band(store, keys, root, caplog):
+    guards = GuardConfig(min_samples=1, drift_factor=2.0, drift_warmup=5)
+    publisher = make_publisher(store, keys, root, guards=guards)
+    policy = learn(settings().make_policy(), n=600)
+    publisher.publish("route", policy)
+    learn(policy, n=300, seed=1)
+    assert publisher.publish("route", policy).version == "1.0.1"  # more of the same data: within the band
+
+    learn(policy, n=3000, seed=2, scale=8.0)  # a feature's scale changed upstream: ||A|| per sample jumps
+    with caplog.at_level(logging.WARNING), pytest.raises(DriftGuardFailed) as err:
+        publisher.publish("route", policy)
+
+    assert set(err.value.arms) == set(ARMS) and "spectral_norm" in str(err.value)
+    assert metric(publisher, "banditstream_snapshot_guard_failures_total", domain="route", reason="drift") == 1
+    assert "drift guard" in caplog.text
+    assert [str(e.version) for e in publisher.repository("route").versions()] == ["1.0.0", "1.0.1"]
+
+    # A fresh publisher reads the same history back from the repository and agrees.
+    flagging = make_publisher(store, keys, root, guards=dataclasses.replace(guards, on_drift="flag"))
+    flagged = flagging.publish("route", policy)
+    assert flagged.snapshot.drift_flag and all(a.drifted for a in flagged.snapshot.arms)
+    assert flagged.entry.custom["drift_flag"] is True
+
+
+# --- channels, rollback, retention, audit log ----------------------------------------------------
+
+
+def test_channels_promote_moves_a_channel_forward_only(store, keys, root, tmp_path):
+    publisher = make_publisher(store, keys, root, channels=("canary",))
+    policy = learn(settings().make_policy())
+    publisher.publish("route", policy)
+    with pytest.raises(SnapshotNotFound):
+        client(store, tmp_path, root, "stable").refresh()
+    assert client(store, tmp_path, root, "canary").refresh().version == "1.0.0"
+
+    assert publisher.promote("route") is not None  # canary's head to stable
+    stable = client(store, tmp_path, root, "stable")
+    assert stable.refresh().version == "1.0.0"
+    publisher.publish("route", learn(policy, seed=1))
+    assert stable.refresh().version == "1.0.0"  # stable waits for a promotion
+    assert publisher.promote("route", "1.0.0") is None  # already there
+    publisher.promote("route", "1.0.1")
+    assert stable.refresh().version == "1.0.1"
+    with pytest.raises(ChannelError, match="roll back instead"):
+        publisher.promote("route", "1.0.0")
+    heads = {str(e.version): e.channels for e in publisher.repository("route").versions()}
+    assert heads == {"1.0.0": (), "1.0.1": ("canary", "stable")}
+
+
+def test_rollback_publishes_a_new_version_with_older_state_so_no_client_moves_backwards(store, keys, root, tmp_path):
+    publisher = make_publisher(store, keys, root)
+    policy = learn(settings().make_policy())
+    publisher.publish("route", policy)
+    first_theta = policy.scoring_arrays("small")["theta"].copy()
+    publisher.publish("route", learn(policy, n=300, seed=5))
+    sdk = client(store, tmp_path, root)
+    assert sdk.refresh().version == "1.0.1"
+
+    result = publisher.rollback("route", "1.0.0")
+
+    loaded = sdk.refresh()
+    assert result.version == loaded.version == "1.0.2" and SemVer.parse(loaded.version) > SemVer.parse("1.0.1")
+    assert loaded.snapshot.derived_from == "1.0.0" and loaded.snapshot.samples == 120
+    np.testing.assert_array_equal(loaded.snapshot.load_policy().scoring_arrays("small")["theta"], first_theta)
+    assert publisher.repository("route").manifest()[-1]["event"] == "rollback"
+
+
+def test_prune_keeps_the_last_n_versions_and_every_channel_head(store, keys, root):
+    config = RepositoryConfig(keep_versions=2, keep_metadata=2)
+    publisher = make_publisher(store, keys, root, repository=config, channels=("canary",))
+    policy = learn(settings().make_policy())
+    publisher.publish("route", policy)
+    publisher.promote("route", "1.0.0")  # stable's head must survive pruning
+    for seed in range(1, 5):
+        publisher.publish("route", learn(policy, seed=seed))
+
+    kept = publisher.repository("route").versions()
+    assert [str(e.version) for e in kept] == ["1.0.0", "1.0.3", "1.0.4"]
+    blobs = [i.key for i in store.list("default/main/route/targets/")]
+    assert sorted(k.split("snapshot-")[1].removesuffix(".avro.zst") for k in blobs) == ["1.0.0", "1.0.3", "1.0.4"]
+    assert all(any(k.endswith(e.blob_key) for e in kept) for k in blobs)  # pruned blobs are deleted
+    targets_files = [i.key for i in store.list("default/main/route/metadata/") if i.key.endswith(".targets.json")]
+    assert len(targets_files) == 2  # keep_metadata
+
+
+def test_manifest_is_append_only_and_lists_every_version(store, keys, root):
+    publisher = make_publisher(store, keys, root, repository=RepositoryConfig(keep_versions=2))
+    key = "default/main/route/manifest.jsonl"
+    policy = learn(settings().make_policy())
+    seen = b""
+    steps = [
+        lambda: publisher.publish("route", policy),
+        lambda: publisher.publish("route", learn(policy, seed=1)),
+        lambda: publisher.publish("route", learn(policy, seed=2)),
+        lambda: publisher.rollback("route"),
+        lambda: publisher.repository("route").prune(keep=1),
+    ]
+    for step in steps:
+        step()
+        now = store.get(key)
+        assert now.startswith(seen) and len(now) > len(seen)  # only ever appended to
+        seen = now
+
+    lines = [json.loads(line) for line in seen.decode().splitlines()]
+    assert [line["event"] for line in lines] == ["publish", "publish", "publish", "rollback", "prune"]
+    assert [line["version"] for line in lines[:4]] == ["1.0.0", "1.0.1", "1.0.2", "1.0.3"]
+    assert lines[3]["derived_from"] == "1.0.1"
+    assert "1.0.0" in lines[2]["removed"]  # pruned from targets, still in the log
+    assert [str(e.version) for e in publisher.repository("route").versions()] == ["1.0.3"]
+
+
+# --- restore and the CLI's library calls ---------------------------------------------------------
+
+
+def test_restore_skips_unknown_domains_and_other_majors_with_messages(store, keys, root, tmp_path):
+    publisher = make_publisher(store, keys, root, domains={"route": settings(), "tools": settings()})
+    publisher.publish("route", learn(settings().make_policy()))
+    backup = tmp_path / "backup"
+    dumped = cli_ops.dump_snapshot(store, root, domain="route", out=backup)
+    assert dumped["version"] == "1.0.0" and os.path.exists(dumped["written"])
+    snap = Snapshot.from_bytes(open(dumped["written"], "rb").read())
+    (backup / "legacy.avro.zst").write_bytes(snap.replace(domain="legacy_domain").to_bytes())
+    (backup / "tools-v2.avro.zst").write_bytes(snap.replace(domain="tools", state_major=2, version="2.0.0").to_bytes())
+
+    fresh = DirectoryStore(tmp_path / "restored")
+    report = cli_ops.restore_snapshots(
+        backup, fresh, keys, root, domains_config={"route": settings(), "tools": settings()}
+    )
+
+    assert [r["domain"] for r in report.restored] == ["route"]
+    assert report.restored[0]["source_version"] == "1.0.0" and report.restored[0]["version"] == "1.0.0"
+    assert any("ignored" in m and "unknown domain 'legacy_domain'" in m for m in report.messages)
+    assert any("skipped" in m and "state major 2" in m for m in report.messages)
+    loaded = client(fresh, tmp_path, root).refresh()
+    assert loaded.snapshot.derived_from == "1.0.0" and loaded.snapshot.samples == 120
+
+
+def test_cli_ops_keys_list_verify_promote_rollback(tmp_path, store):
+    report = cli_ops.generate_keys(tmp_path / "keys")
+    assert stat.S_IMODE(os.stat(report.key_files[0]).st_mode) == 0o600
+    with pytest.raises(KeyFileError, match="refusing to replace"):
+        cli_ops.generate_keys(tmp_path / "keys")
+    keys, root = cli_ops.load_keys(tmp_path / "keys")
+    assert keys.roles() == ["timestamp", "snapshot", "targets"]  # the root key stays offline
+    domains = {"route": settings(), "tools": settings()}
+    publisher = Publisher(store, keys, root, domains=domains, config=PublisherConfig(channels=("canary",)))
+    for domain in domains:
+        publisher.publish(domain, learn(settings().make_policy()))
+        publisher.publish(domain, learn(learn(settings().make_policy()), seed=1))
+
+    rows = cli_ops.list_snapshots(store, domains=["route"], verbose=True)
+    assert [(r["domain"], r["version"], r["channels"]) for r in rows] == [("route", "1.0.0", []), ("route", "1.0.1", ["canary"])]
+    assert rows[0]["sha256"] and rows[0]["targets_version"] == 2
+
+    promoted = cli_ops.promote(store, keys, root, domains_config=domains, domains=["route"])
+    assert promoted[0]["version"] == "1.0.1" and promoted[0]["changed"]
+    rolled = cli_ops.rollback(store, keys, root, domains_config=domains)
+    assert [(r["domain"], r["version"], r["state_of"]) for r in rolled] == [("route", "1.0.2", "1.0.0"), ("tools", "1.0.2", "1.0.0")]
+
+    checks = cli_ops.verify_snapshots(store, tmp_path / "keys" / "root.json", verbose=True)
+    assert checks and all(c["ok"] for c in checks)
+    blob = next(i.key for i in store.list("default/main/tools/targets/") if "1.0.2" in i.key)
+    data = bytearray(store.get(blob))
+    data[len(data) // 2] ^= 0x01
+    store.put(blob, bytes(data))
+    failed = [c for c in cli_ops.verify_snapshots(store, root) if not c["ok"]]
+    assert {(c["domain"], c["kind"]) for c in failed} == {("tools", "hash_mismatch"), ("tools", "repository")}
+
+
+def test_signing_keys_round_trip_through_files_and_private_key_uris(tmp_path):
+    signer = NaclSigner.generate()
+    path = signer.save(tmp_path / "targets.key.json")
+    again = NaclSigner.load(path)
+    assert again.public_key == signer.public_key
+    from securesystemslib.signer import Signer
+
+    loaded = Signer.from_priv_key_uri(f"nacl:{path}", signer.public_key)
+    loaded.public_key.verify_signature(loaded.sign(b"payload"), b"payload")
+    path.write_text('{"keytype": "rsa"}')
+    with pytest.raises(KeyFileError):
+        NaclSigner.load(path)
+
+
+# --- the worker over the real broker -------------------------------------------------------------
+
+
+def test_worker_publishes_snapshots_from_the_posterior_topic(kafka, topics, tmp_path, keys, root):
+    from streams.serde import AvroSerde
+    from streams.settings import RegistrySettings
+    from streams.validation import ValidationLimits
+    from streams.worker import WorkerConfig
+
+    ensure_topics(kafka, topics)
+    domain_settings = settings()
+    config = WorkerConfig(
+        kafka=kafka, topics=topics, registry=RegistrySettings(), domains={"route": domain_settings},
+        limits=ValidationLimits(), state_dir=tmp_path / "state",
+    )  # fmt: skip
+    learner = learn(domain_settings.make_policy(), n=300)
+    serde = AvroSerde("posterior", framing="single_object")
+    producer = EventProducer(kafka)
+    for partition, arm in enumerate(ARMS):
+        drift = learner.drift(arm)
+        record = {
+            "tenant": "default", "workspace": "main", "domain": "route", "arm": arm, "policy": "lin_ts",
+            "dimension": DIM, "state": learner.arm_state_bytes(arm), "state_major": 1,
+            "update_count": learner.update_count(arm),
+            "watermark": [{"topic": topics.updates, "partition": partition, "offset": 100 + partition}],
+            "feature_hash": domain_settings.features.config_hash(), "drift_trace": drift.cov_trace,
+            "drift_norm": drift.spectral_norm, "emitted_at": int(time.time() * 1000),
+        }  # fmt: skip
+        producer.send(topics.posterior, serde, record, key=f"default/main/route/{arm}")
+    other = dict(record, domain="not_configured")
+    producer.send(topics.posterior, serde, other, key="default/main/not_configured/x")
+    producer.flush()
+    del producer
+
+    store = DirectoryStore(tmp_path / "repo")
+    stop = threading.Event()
+    out = {}
+    publisher_settings = PublisherSettings(
+        store, keys, root, config=PublisherConfig(guards=GuardConfig(min_samples=1)), every_updates=100, every_seconds=30,
+        poll_timeout=0.2,
+    )  # fmt: skip
+    thread = threading.Thread(target=lambda: out.update(stats=run_publisher(config, publisher_settings, stop=stop)))
+    thread.start()
+    deadline = time.monotonic() + 60
+    while not store.exists("default/main/route/metadata/timestamp.json") and time.monotonic() < deadline:
+        time.sleep(0.1)
+    loaded = client(store, tmp_path, root).refresh()
+    stop.set()
+    thread.join(timeout=30)
+
+    assert loaded.version == "1.0.0"
+    assert sorted(a.arm for a in loaded.snapshot.arms) == sorted(ARMS) and loaded.snapshot.samples == 300
+    assert [tuple(o) for o in loaded.snapshot.source_offsets] == [(topics.updates, p, 100 + p) for p in range(3)]
+    for arm in ARMS:
+        np.testing.assert_allclose(
+            loaded.snapshot.load_policy().scoring_arrays(arm)["theta"], learner.scoring_arrays(arm)["theta"], rtol=1e-12
+        )
+    stats = out["stats"]
+    assert stats.published == [("route", "1.0.0")] and stats.ignored == 1 and stats.records == 4
+    assert target_name("1.0.0") in {e.path for e in Publisher(store, keys, root, domains={"route": domain_settings}).repository("route").versions()}
