@@ -83,6 +83,11 @@ class PublisherError(BanditstreamError):
         self.value = None
         self.explanation = message
 
+    @property
+    def kind(self) -> str:
+        """The reason slug under the name metrics use for it (``verification_failures{kind}``)."""
+        return self.reason
+
     def __reduce__(self) -> tuple[Any, ...]:  # picklable across process pools
         return (type(self), (self.explanation,), dict(self.__dict__))
 
