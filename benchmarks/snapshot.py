@@ -113,7 +113,7 @@ class _ClientSource:
         snap = loaded.snapshot
         return ActivePolicy(
             version=snap.version,
-            policy=snap.load_policy(),
+            policy=loaded.policy,
             encoder=FeatureEncoder(snap.features(), snap.frozen_normalizer()),
             expires_at=loaded.expires.timestamp(),
             drift_flag=snap.drift_flag,

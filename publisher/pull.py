@@ -28,8 +28,8 @@ are cached under ``cache_dir``, so rollback protection survives restarts and
 
     client = SnapshotClient("s3://snapshots/prod", "/var/cache/banditstream", "root.json",
                             domain="route", channel="stable", s3={"endpoint_url": ...})
-    loaded = client.refresh()          # LoadedSnapshot: .snapshot, .version, .expires
-    policy = loaded.snapshot.load_policy()
+    loaded = client.refresh()          # LoadedSnapshot: .snapshot, .policy, .version, .expires
+    choice = loaded.policy.probabilities(X, arms)
 """
 
 from __future__ import annotations
@@ -54,6 +54,7 @@ from tuf.api.metadata import Metadata, Root, Snapshot as SnapshotRole, Targets, 
 from tuf.api.serialization import DeserializationError
 from tuf.ngclient import FetcherInterface, Updater, UpdaterConfig
 
+from learner.policies import Policy
 from publisher.errors import (
     ExpiredMetadataError,
     HashMismatchError,
@@ -121,6 +122,8 @@ class LoadedSnapshot:
     """A verified snapshot and what vouched for it."""
 
     snapshot: Snapshot
+    #: The snapshot's scoring-only policy, loaded (and so checked) during verification.
+    policy: Policy
     target: TargetEntry
     channel: str
     #: Earliest expiry of the timestamp, snapshot and targets metadata that vouched for it.
@@ -250,11 +253,11 @@ class SnapshotClient:
             self._load_metadata(updater)
             target = self._choose_target(updater)
             if self._current is not None and self._current.target.sha256 == target.sha256:
-                self._current = self._vouched(self._current.snapshot, target)
+                self._current = self._vouched(self._current.snapshot, self._current.policy, target)
                 self.metrics.refreshes.labels(self.domain, "unchanged").inc()
                 return self._current
             data = self._fetch_target(target)
-            loaded = self._vouched(self._load(target, data), target)
+            loaded = self._vouched(*self._load(target, data), target)
             self._accept(loaded, data)
             return loaded
 
@@ -321,7 +324,7 @@ class SnapshotClient:
             raise HashMismatchError(f"{target.path} hashes to {digest}; targets signed {target.sha256}", subject=target.path)
         return data
 
-    def _load(self, target: TargetEntry, data: bytes) -> Snapshot:
+    def _load(self, target: TargetEntry, data: bytes) -> tuple[Snapshot, Policy]:
         """Step 7: decode; it must be this domain's snapshot at the version targets named."""
         try:
             snapshot = Snapshot.from_bytes(
@@ -333,8 +336,11 @@ class SnapshotClient:
         expected = (self.tenant, self.workspace, self.domain, str(target.version))
         if identity != expected:
             raise MetadataFormatError(f"{target.path} holds {'/'.join(identity)}, expected {'/'.join(expected)}", subject=target.path)
-        snapshot.load_policy()  # the state itself must load before anyone decides with it
-        return snapshot
+        try:
+            policy = snapshot.load_policy()  # the state itself must load before anyone decides with it
+        except SnapshotFormatError as exc:
+            raise MetadataFormatError(str(exc), subject=target.path) from exc
+        return snapshot, policy
 
     def _accept(self, loaded: LoadedSnapshot, data: bytes) -> None:
         """Hold it, cache it (blob and a pointer), forget older cached blobs."""
@@ -380,7 +386,7 @@ class SnapshotClient:
                 return None
             if hashlib.sha256(data).hexdigest() != target.sha256:
                 raise HashMismatchError(f"cached {target.path} does not match its targets entry", subject=target.path)
-            loaded = self._vouched(self._load(target, data), target)
+            loaded = self._vouched(*self._load(target, data), target)
             if loaded.expired():
                 raise ExpiredMetadataError(f"cached metadata for {self.prefix} expired at {loaded.expires}", subject=self.prefix)
             self._current = loaded
@@ -425,14 +431,14 @@ class SnapshotClient:
         except OSError as exc:
             raise SnapshotNotFound(f"no verified {role} metadata cached for {self.prefix}", subject=self.prefix) from exc
 
-    def _vouched(self, snapshot: Snapshot, target: TargetEntry) -> LoadedSnapshot:
+    def _vouched(self, snapshot: Snapshot, policy: Policy, target: TargetEntry) -> LoadedSnapshot:
         """The snapshot with the expiry of the metadata that vouches for it now."""
         expiries = []
         for role, cls in (("timestamp", Timestamp), ("snapshot", SnapshotRole), ("targets", Targets)):
             with contextlib.suppress(SnapshotNotFound, DeserializationError, ValueError):
                 expiries.append(Metadata[cls].from_bytes(self._read_cached(role)).signed.expires)
         expires = min(expiries) if expiries else datetime.now(timezone.utc)
-        return LoadedSnapshot(snapshot, target, self.channel, expires, datetime.now(timezone.utc))
+        return LoadedSnapshot(snapshot, policy, target, self.channel, expires, datetime.now(timezone.utc))
 
     def _held_version(self) -> SemVer | None:
         if self._current is not None:

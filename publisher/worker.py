@@ -96,9 +96,9 @@ class PosteriorTable:
         held = shards.get(key)
         if held is not None and held["update_count"] > record["update_count"] and held["policy"] == record["policy"]:
             return False  # a replayed older state (at-least-once delivery)
-        before = held["update_count"] if held is not None else 0
-        shards[key] = dict(record)
-        self._new_updates[record["domain"]] += max(1, record["update_count"] - before)
+        shards[key] = dict(record)  # an equal count may still carry a newer watermark
+        new = record["update_count"] - held["update_count"] if held is not None else max(1, record["update_count"])
+        self._new_updates[record["domain"]] += max(0, new)
         return True
 
     def shards(self, domain: str) -> list[dict[str, Any]]:

@@ -97,7 +97,7 @@ def test_publish_pull_load_round_trip_directory_store(store, keys, root, tmp_pat
     assert [a.arm for a in snap.arms] == ARMS and all(a.count == 40 for a in snap.arms)
     assert snap.feature_hash == settings().features.config_hash()
     assert [tuple(o) for o in snap.source_offsets] == [("bandit.updates", 0, 120)]
-    sdk = snap.load_policy()
+    sdk = loaded.policy  # loaded once, while verifying
     assert sdk.scoring_only and sdk.arm_ids() == ARMS
     for arm in ARMS:  # posterior means and factors arrive exactly
         for name, value in policy.scoring_arrays(arm).items():
@@ -410,3 +410,41 @@ def test_worker_publishes_snapshots_from_the_posterior_topic(kafka, topics, tmp_
     stats = out["stats"]
     assert stats.published == [("route", "1.0.0")] and stats.ignored == 1 and stats.records == 4
     assert target_name("1.0.0") in {e.path for e in Publisher(store, keys, root, domains={"route": domain_settings}).repository("route").versions()}
+
+
+def test_posterior_table_keeps_the_latest_state_per_arm_and_skips_foreign_shards():
+    from publisher.worker import PosteriorTable, policy_from_shards
+
+    domain_settings = settings()
+    learner = learn(domain_settings.make_policy(), n=90)
+
+    def shard(arm, count, **extra):
+        return {
+            "tenant": "default", "workspace": "main", "domain": "route", "arm": arm, "policy": "lin_ts", "dimension": DIM,
+            "state": learner.arm_state_bytes(arm), "state_major": 1, "update_count": count,
+            "watermark": [{"topic": "u", "partition": 0, "offset": count}], "feature_hash": "", "drift_trace": 0.0,
+            "drift_norm": 0.0, **extra,
+        }  # fmt: skip
+
+    table = PosteriorTable("default", "main", ["route"])
+    assert table.put(shard("small", 30)) and table.new_updates("route") == 30
+    assert not table.put(shard("small", 20))  # a replayed older state
+    assert table.put(shard("small", 30)) and table.new_updates("route") == 30  # same count: nothing new
+    assert not table.put(shard("small", 40, tenant="other"))
+    table.put(shard("medium", 30, feature_hash="0123456789abcdef"))  # learned under other features
+    table.mark("route")
+    assert table.new_updates("route") == 0
+
+    policy, drift, offsets, skipped = policy_from_shards(domain_settings, table.shards("route"))
+    assert policy.arm_ids() == ["small"] and drift == {}
+    assert [tuple(o) for o in offsets] == [("u", 0, 30)]
+    assert len(skipped) == 1 and "medium" in skipped[0] and "features" in skipped[0]
+
+
+@pytest.mark.parametrize("module", ["snapshot", "guards", "signing", "stores", "repository", "publish"])
+def test_docstring_examples_run(module):
+    import doctest
+    import importlib
+
+    result = doctest.testmod(importlib.import_module(f"publisher.{module}"), optionflags=doctest.ELLIPSIS)
+    assert result.attempted > 0 and result.failed == 0
