@@ -1,0 +1,388 @@
+"""One partition of the updates topic as the learner folds it: blocks, dedupe, state, offsets.
+
+A :class:`ShardLearner` owns one shard (one updates partition, one RocksDB database). The
+worker feeds it every record of the partition in offset order, valid or not; it folds them in
+**blocks aligned to offsets**: block ``k`` is every record with ``k*B <= offset < (k+1)*B``.
+When a block is complete (its last offset was read, or a later offset was) it is folded into
+the policies with one ``update_batch`` per domain, and the touched models' states and the
+offset ``(k+1)*B`` go to the store in one write batch. The fold of a block is a function of
+the block's records and the state at its start only, so however polls, crashes and restarts
+cut the stream, the same blocks are folded in the same order from the same states: the result
+is the same bit for bit.
+
+The trailing, incomplete block is never persisted. :meth:`ShardLearner.snapshot` folds it into
+scratch copies of the models it touches (for the PosteriorShards the worker emits), leaving the
+persisted base at the block boundary; a restart re-reads that block from the stored offset.
+
+Dedupe: a record is a duplicate when its ``event_id`` was seen (in a record that decoded and
+validated) earlier in its block or in the ``window_blocks`` blocks before it. The window is a
+function of the log alone, so it is not stored: on assignment the worker seeks
+``window_blocks`` blocks before the resume offset and feeds those records first; they only
+fill the window (:attr:`ShardLearner.floor` says from where records are learned).
+"""
+
+from __future__ import annotations
+
+import collections
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+import numpy as np
+
+from learner.domain import DomainSettings
+from learner.errors import StoreError
+from learner.policies import Drift, Policy
+from learner.store import ArmKey, ArmState, Shard
+
+__all__ = ["BlockStats", "DomainModel", "ModelState", "ShardLearner", "StateMismatch", "Update"]
+
+
+class StateMismatch(StoreError):
+    """Stored or published state was learned with other settings than the configured ones."""
+
+
+class Update(NamedTuple):
+    """A valid UpdateEvent reduced to what learning needs."""
+
+    offset: int
+    event_id: str
+    key: ArmKey  # the model's key: arm is "" for a model shared across arms
+    features: list[float]
+    reward: float
+    weight: float
+    mode: str  # live, shadow or off; only live updates are learned as acted
+
+
+@dataclass(frozen=True)
+class DomainModel:
+    """What the learner needs of one configured domain, derived once from its settings."""
+
+    settings: DomainSettings
+    policy: str
+    dimension: int
+    feature_hash: str
+    shared: bool
+
+    @classmethod
+    def of(cls, settings: DomainSettings) -> DomainModel:
+        return cls(
+            settings=settings,
+            policy=settings.policy,
+            dimension=settings.features.dimension,
+            feature_hash=settings.features.config_hash(),
+            shared=settings.features.shared,
+        )
+
+    def check(self, key: ArmKey, policy: str, dimension: int, feature_hash: str, where: str) -> None:
+        """Refuse state learned with another policy, dimension or feature configuration."""
+        problems = []
+        if policy != self.policy:
+            problems.append(f"policy {policy!r} (configured: {self.policy!r})")
+        if dimension != self.dimension:
+            problems.append(f"dimension {dimension} (configured: {self.dimension})")
+        if feature_hash and feature_hash != self.feature_hash:
+            problems.append(f"feature_hash {feature_hash!r} (configured: {self.feature_hash!r})")
+        if problems:
+            raise StateMismatch(
+                f"{where}: state of {key} was learned with {', '.join(problems)}; restore the domain's "
+                "settings, or retire the old state (a new domain name starts fresh)"
+            )
+
+
+class ModelState(NamedTuple):
+    """One model as the worker publishes it."""
+
+    key: ArmKey
+    state: ArmState
+    drift: Drift
+
+
+class BlockStats(NamedTuple):
+    """What folding one block did, for metrics."""
+
+    partition: int
+    records: int  # valid records in the block (not counting the window warm-up)
+    learned: int
+    duplicates: int
+    not_acted: dict[str, int]  # mode -> count of shadow/off updates skipped
+    seconds: float  # fold + state write
+    persisted: bool
+
+
+@dataclass
+class _Fold:
+    ids: set[str] = field(default_factory=set)
+    groups: dict[tuple[str, str, str], list[Update]] = field(default_factory=dict)
+    records: int = 0
+    duplicates: int = 0
+    not_acted: dict[str, int] = field(default_factory=dict)
+
+
+class ShardLearner:
+    """The learning state of one updates partition. See the module docstring.
+
+    Parameters:
+        partition, topic: the updates partition this shard is.
+        domains: the configured domains.
+        shard: the partition's store database (state and offsets are written there).
+        block_size: records per block (``B``).
+        window_blocks: blocks before the current one whose event_ids count as seen.
+        start: the first offset not yet in the state (the stored offset, or where a rebuild
+            resumes); records before it only fill the dedupe window.
+        floors: per model, the first offset not yet in its state, when it differs from
+            ``start`` (a shard rebuilt from published states, each with its own watermark).
+        persist_from: no block boundary below this is persisted (a rebuilt shard holds states
+            ahead of ``start``; persisting before every floor is passed would re-learn them).
+        on_block: called with :class:`BlockStats` after every folded block.
+    """
+
+    def __init__(
+        self,
+        partition: int,
+        topic: str,
+        domains: Mapping[str, DomainModel],
+        shard: Shard,
+        *,
+        block_size: int,
+        window_blocks: int,
+        start: int,
+        floors: Mapping[ArmKey, int] | None = None,
+        persist_from: int = 0,
+        on_block: Callable[[BlockStats], None] | None = None,
+    ) -> None:
+        if block_size < 1:
+            raise ValueError(f"block_size must be >= 1, got {block_size}")
+        if window_blocks < 0:
+            raise ValueError(f"window_blocks must be >= 0, got {window_blocks}")
+        self.partition = partition
+        self.topic = topic
+        self.domains = domains
+        self.shard = shard
+        self.block_size = block_size
+        self.window_blocks = window_blocks
+        self.floor = start
+        self._floors: dict[ArmKey, int] = dict(floors or {})
+        self._persist_from = max(persist_from, start)
+        self._stored = shard.offsets().get((topic, partition))
+        self._on_block = on_block
+        self._policies: dict[tuple[str, str, str], Policy] = {}
+        # dedupe window: event_id -> block it was seen in, and the blocks in order
+        self._seen: dict[str, int] = {}
+        self._window: collections.deque[tuple[int, set[str]]] = collections.deque()
+        self._pending: list[Update] = []
+        self._pending_block: int | None = None
+        #: next offset to read: every record before it has been fed (from the window's start)
+        self.position = self.warm_offset()
+        #: models changed since the last successful publication
+        self.dirty: set[ArmKey] = set()
+        #: models changed since the last persisted block
+        self._unsaved: set[ArmKey] = set()
+
+    # -- loading ---------------------------------------------------------------------------
+
+    def warm_offset(self) -> int:
+        """Where to start reading so that the dedupe window is complete at :attr:`floor`."""
+        first_block = self.floor // self.block_size - self.window_blocks
+        return max(0, first_block * self.block_size)
+
+    def load_stored(self) -> int:
+        """Load every model state the shard holds; returns how many.
+
+        States of domains no longer configured stay in the store untouched (and unpublished).
+        """
+        loaded = 0
+        for key, state in self.shard.arms():
+            model = self.domains.get(key.domain)
+            if model is None:
+                continue
+            model.check(key, state.policy, state.dimension, state.feature_hash, self.shard.name)
+            self._policy(key).load_arm_state(key.arm, state.state)
+            loaded += 1
+        return loaded
+
+    def load_published(self, key: ArmKey, policy: str, dimension: int, feature_hash: str, state: bytes) -> None:
+        """Adopt one published model state (a rebuild from the posterior topic)."""
+        model = self.domains[key.domain]
+        model.check(key, policy, dimension, feature_hash, f"posterior topic, partition {self.partition}")
+        self._policy(key).load_arm_state(key.arm, state)
+        self._unsaved.add(key)  # the local store does not have it yet
+
+    def keys(self) -> list[ArmKey]:
+        """Every model this shard holds (committed state)."""
+        return [ArmKey(*twd, arm) for twd, policy in self._policies.items() for arm in policy.arm_ids()]
+
+    # -- feeding ---------------------------------------------------------------------------
+
+    def feed(self, offset: int, update: Update | None) -> None:
+        """The record at ``offset``: a valid update, or None for one that was dead-lettered.
+
+        Records must come in increasing offset order; one already fed is ignored.
+        """
+        if offset < self.position:
+            return
+        block = offset // self.block_size
+        if self._pending_block is not None and block != self._pending_block:
+            self._close_block()
+        self._pending_block = block
+        if update is not None:
+            self._pending.append(update)
+            if update.mode == "live" and offset >= self._floors.get(update.key, self.floor):
+                self.dirty.add(update.key)
+        self.position = offset + 1
+        if self.position == (block + 1) * self.block_size:
+            self._close_block()
+
+    def _close_block(self) -> None:
+        block = self._pending_block
+        if block is None:
+            return
+        started = time.perf_counter()
+        end = (block + 1) * self.block_size
+        fold = self._fold(block, self._pending)
+        touched = self._apply(fold.groups, self._policies)
+        self._unsaved.update(touched)
+        self._window.append((block, fold.ids))
+        for event_id in fold.ids:
+            self._seen[event_id] = block
+        self._pending = []
+        self._pending_block = None
+        persisted = False
+        if end > (self._stored or 0) and end >= self._persist_from:
+            states = {key: self._state(key) for key in sorted(self._unsaved)}
+            self.shard.apply(states, {(self.topic, self.partition): end})
+            self._stored = end
+            self._unsaved.clear()
+            persisted = True
+        if end >= self._persist_from:
+            self._floors.clear()  # every floor is behind us
+        if self._on_block is not None and end > self.floor:
+            learned = sum(len(rows) for rows in fold.groups.values())
+            self._on_block(
+                BlockStats(
+                    self.partition, fold.records, learned, fold.duplicates, fold.not_acted,
+                    time.perf_counter() - started, persisted,
+                )
+            )  # fmt: skip
+
+    def _fold(self, block: int, updates: Iterable[Update]) -> _Fold:
+        """Dedupe the block's updates and group the ones to learn by domain.
+
+        Reads the window but does not change it (besides forgetting blocks that fell out of it,
+        which is the same for every later block).
+        """
+        self._prune(block - self.window_blocks)
+        seen = self._seen
+        fold = _Fold()
+        ids = fold.ids
+        floors = self._floors
+        floor = self.floor
+        for update in updates:
+            event_id = update.event_id
+            counted = update.offset >= floor
+            fold.records += counted
+            if event_id in seen or event_id in ids:
+                fold.duplicates += counted
+                continue
+            ids.add(event_id)
+            if update.mode != "live":
+                if counted:
+                    fold.not_acted[update.mode] = fold.not_acted.get(update.mode, 0) + 1
+                continue
+            if update.offset < floors.get(update.key, floor):
+                continue  # already in the state this shard started from
+            fold.groups.setdefault(update.key[:3], []).append(update)
+        return fold
+
+    def _prune(self, oldest_block: int) -> None:
+        window, seen = self._window, self._seen
+        while window and window[0][0] < oldest_block:
+            block, ids = window.popleft()
+            for event_id in ids:
+                if seen.get(event_id) == block:
+                    del seen[event_id]
+
+    def _apply(self, groups: Mapping[tuple[str, str, str], list[Update]], policies: Mapping) -> list[ArmKey]:
+        """One rank-k ``update_batch`` per domain, rows in offset order; the touched keys."""
+        touched: list[ArmKey] = []
+        for twd, rows in groups.items():
+            policy = policies[twd] if twd in policies else self._policy(ArmKey(*twd))
+            X = np.array([u.features for u in rows], dtype=np.float64)
+            arms = [u.key.arm for u in rows]
+            rewards = np.array([u.reward for u in rows], dtype=np.float64)
+            weights = np.array([u.weight for u in rows], dtype=np.float64)
+            for arm in policy.update_batch(X, arms, rewards, weights):
+                touched.append(ArmKey(*twd, arm))
+        return touched
+
+    # -- publishing ------------------------------------------------------------------------
+
+    def snapshot(self, keys: Iterable[ArmKey]) -> list[ModelState]:
+        """The current state of ``keys`` (those that exist), the trailing block included.
+
+        The trailing block is folded into scratch copies of the models it touches, so the
+        persisted base stays at the block boundary.
+        """
+        scratch: dict[tuple[str, str, str], Policy] = {}
+        in_scratch: set[ArmKey] = set()
+        if self._pending:
+            fold = self._fold(self._pending_block, self._pending)
+            for twd, rows in fold.groups.items():
+                copy = self.domains[twd[2]].settings.make_policy()
+                base = self._policies.get(twd)
+                held = set(base.arm_ids()) if base is not None else set()
+                for arm in dict.fromkeys(u.key.arm for u in rows):
+                    if arm in held:
+                        copy.load_arm_state(arm, base.arm_state_bytes(arm))
+                scratch[twd] = copy
+            in_scratch.update(self._apply(fold.groups, scratch))
+        out = []
+        for key in keys:
+            twd = key[:3]
+            policy = scratch[twd] if key in in_scratch else self._policies.get(twd)
+            try:
+                state = self._state_of(policy, key) if policy is not None else None
+            except KeyError:  # dirty, but every update of it was a duplicate
+                state = None
+            if state is not None:
+                out.append(ModelState(key, state, policy.drift(key.arm)))
+        return out
+
+    @property
+    def publishable(self) -> bool:
+        """Whether every model's state is at :attr:`position` (a rebuilt shard is not until
+        it has read past every model's own watermark)."""
+        return self.position >= self._persist_from
+
+    # -- helpers ---------------------------------------------------------------------------
+
+    def _policy(self, key: ArmKey) -> Policy:
+        twd = key[:3]
+        policy = self._policies.get(twd)
+        if policy is None:
+            policy = self._policies[twd] = self.domains[key.domain].settings.make_policy()
+        return policy
+
+    def _state(self, key: ArmKey) -> ArmState:
+        return self._state_of(self._policies[key[:3]], key)
+
+    def _state_of(self, policy: Policy, key: ArmKey) -> ArmState:
+        model = self.domains[key.domain]
+        return ArmState(
+            policy=model.policy,
+            dimension=model.dimension,
+            update_count=policy.update_count(key.arm),
+            state=policy.arm_state_bytes(key.arm),
+            feature_hash=model.feature_hash,
+        )
+
+    @property
+    def stored_offset(self) -> int | None:
+        """The offset the store holds (the last persisted block boundary)."""
+        return self._stored
+
+    @property
+    def pending(self) -> int:
+        """Records of the trailing block that are fed but not persisted."""
+        return len(self._pending)

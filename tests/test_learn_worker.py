@@ -1,0 +1,322 @@
+"""The learner worker against the real broker: UpdateEvents in, posterior state out.
+
+UpdateEvents are produced directly to the updates topic (the join is not involved). Workers
+run in a thread where no process has to die, and as ``banditstream learn`` subprocesses where
+one is killed, stopped with SIGTERM or joined by a second one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import signal
+import struct
+import threading
+from pathlib import Path
+
+import pytest
+
+from banditstream.devstack import free_port
+from learner.store import PosteriorStore
+from streams.learn import Learner
+from streams.serde import AvroSerde
+from streams.topics import ensure_topics
+from tests import learn_helpers as h
+
+pytestmark = pytest.mark.integration
+
+
+@contextlib.contextmanager
+def learner_in_thread(config):
+    """A Learner running in a thread; stopped (gracefully) on exit."""
+    learner = Learner(config)
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def run():
+        try:
+            learner.run(stop)
+        except BaseException as exc:  # surfaced in the test, not lost in the thread
+            errors.append(exc)
+
+    thread = threading.Thread(target=run, name="learner")
+    thread.start()
+    try:
+        h.wait_until(lambda: learner.metrics.port or errors, 30, "the learner to start")
+        yield learner
+    finally:
+        stop.set()
+        thread.join(60)
+        if errors:  # the root cause of whatever the test saw
+            raise errors[0]
+    assert not thread.is_alive(), "the learner did not stop"
+
+
+def stop_gracefully(process, timeout: float = 30.0) -> int:
+    process.send_signal(signal.SIGTERM)
+    return process.wait(timeout)
+
+
+def stored_shards(state_dir: Path, topic: str, partitions: int) -> dict[int, tuple[int | None, dict]]:
+    """Per partition: the stored offset and every model's ArmState, read from the store."""
+    out = {}
+    with PosteriorStore(Path(state_dir) / "learn") as store:
+        for partition in range(partitions):
+            if not store.shard_path(partition).exists():
+                continue
+            shard = store.shard(partition)
+            out[partition] = (shard.offsets().get((topic, partition)), dict(shard.arms()))
+    return out
+
+
+# -- 1 -----------------------------------------------------------------------------------------
+
+
+def test_learned_posterior_equals_the_in_process_fold_of_the_same_updates(kafka, topics, tmp_path):
+    ensure_topics(kafka, topics)
+    updates = h.make_updates(30_000, seed=1)
+    produced = h.produce(kafka, topics.updates, h.encode_updates(updates))
+    block = 256
+    config = h.worker_config(kafka, topics, tmp_path, group_id="learn-t1", block_size=block)
+
+    with learner_in_thread(config) as learner:
+        h.wait_published(kafka, "learn-t1", topics, produced.ends(), timeout=90)
+        not_learned = {m: h.metric(learner.metrics.port, "banditstream_updates_not_learned_total", mode=m) for m in ("shadow", "off")}
+        records_in = h.metric(learner.metrics.port, "banditstream_records_in_total")
+
+    published = h.latest_posterior(kafka, topics)
+    h.assert_matches_reference(published, h.reference(updates, produced.placed))
+    assert {k.domain for k in published} == {"route", "prompt", "tool"}
+    assert any(k.arm == "" for k in published)  # the shared model of "tool"
+    # shadow and off updates are counted, not learned; default rewards are learned (reference)
+    folded = h.folded(produced, block)  # the trailing block of each partition is not folded yet
+    assert not_learned == {m: sum(u["mode"] == m and folded(w) for u, w in zip(updates, produced.placed)) for m in ("shadow", "off")}
+    assert records_in == len(updates)
+    # the store holds whole blocks only: its offset is the last block boundary before the end
+    ends = produced.ends()
+    for partition, (offset, states) in stored_shards(tmp_path, topics.updates, topics.update_partitions).items():
+        assert offset == ends[partition] // block * block
+        assert states
+        for key, state in states.items():
+            assert state.update_count <= published[key]["update_count"]
+
+
+# -- 2 -----------------------------------------------------------------------------------------
+
+
+def test_kill_9_at_three_random_points_reproduces_the_uninterrupted_posterior_bit_for_bit(kafka, topics, tmp_path):
+    ensure_topics(kafka, topics)
+    updates = h.make_updates(200_000, seed=2)
+    produced = h.produce(kafka, topics.updates, h.encode_updates(updates))
+    ends = produced.ends()
+
+    # the uninterrupted run: its own group, store and posterior topic, default options
+    ref_topics = topics.model_copy(update={"posterior": topics.posterior + ".ref", "deadletter": topics.deadletter + ".ref"})
+    ensure_topics(kafka, ref_topics)
+    with learner_in_thread(h.worker_config(kafka, ref_topics, tmp_path / "ref", group_id="learn-t2-ref")):
+        h.wait_published(kafka, "learn-t2-ref", ref_topics, ends, timeout=120)
+
+    # the same updates through `banditstream learn`, SIGKILLed at three seeded random points
+    port = free_port()
+    config = h.write_config(tmp_path / "learn.json", kafka, topics, tmp_path / "killed", port)
+    rng = random.Random(2)
+    for i in range(3):
+        process = h.start_learner(config, tmp_path / "learn.log")
+        threshold = rng.uniform(2_000, 40_000)  # updates this run has folded (past its replay)
+
+        def learned_enough():
+            assert process.poll() is None, f"learner exited with {process.returncode}"
+            with contextlib.suppress(OSError):
+                return h.metric(port, "banditstream_batch_size_sum") >= threshold
+            return False
+
+        h.wait_until(learned_enough, 90, f"run {i} to fold {threshold:.0f} updates", interval=0.02)
+        process.kill()
+        assert process.wait(10) == -signal.SIGKILL
+    process = h.start_learner(config, tmp_path / "learn.log")
+    h.wait_published(kafka, f"banditstream-learn.{topics.updates}", topics, ends, timeout=150)
+    assert stop_gracefully(process) == 0
+
+    killed, uninterrupted = h.latest_posterior(kafka, topics), h.latest_posterior(kafka, ref_topics)
+    assert set(killed) == set(uninterrupted)
+    for key, record in killed.items():
+        assert record["state"] == uninterrupted[key]["state"], key  # bit for bit
+        assert record["update_count"] == uninterrupted[key]["update_count"]
+    # and the stores agree: same block boundaries, same bytes
+    assert stored_shards(tmp_path / "killed", topics.updates, 4) == stored_shards(tmp_path / "ref", topics.updates, 4)
+    # counts are exact (no update lost, none counted twice); statistics match the in-process fold
+    h.assert_matches_reference(killed, h.reference(updates, produced.placed))
+
+
+# -- 3 -----------------------------------------------------------------------------------------
+
+
+def test_two_learners_split_the_partitions_and_one_takes_over_the_others_shards(kafka, topics, tmp_path):
+    ensure_topics(kafka, topics)
+    group = f"banditstream-learn.{topics.updates}"
+    ports = {name: free_port() for name in "abc"}
+    configs = {
+        name: h.write_config(tmp_path / f"{name}.json", kafka, topics, tmp_path / name, ports[name]) for name in "abc"
+    }  # separate state roots: a worker never sees another's disk
+    a = h.start_learner(configs["a"], tmp_path / "a.log")
+    b = h.start_learner(configs["b"], tmp_path / "b.log")
+
+    def assigned(name):
+        with contextlib.suppress(OSError):
+            return h.metric(ports[name], "banditstream_partitions_assigned")
+        return 0
+
+    h.wait_until(lambda: assigned("a") >= 1 and assigned("b") >= 1 and assigned("a") + assigned("b") == 4, 60, "a split")
+    first = h.make_updates(40_000, seed=31, prefix="first")
+    placed = h.produce(kafka, topics.updates, h.encode_updates(first)).placed
+    h.wait_published(kafka, group, topics, h.Produced(placed).ends(), timeout=90)
+    assert stop_gracefully(a) == 0
+    owned_by_a = last_assignment(tmp_path / "a.log")
+    assert 1 <= len(owned_by_a) < 4
+
+    # b takes a's shards over from their published state and watermark
+    h.wait_until(lambda: assigned("b") == 4, 60, "b to own every partition")
+    second = h.make_updates(40_000, seed=32, prefix="second")
+    placed += h.produce(kafka, topics.updates, h.encode_updates(second)).placed
+    h.wait_published(kafka, group, topics, h.Produced(placed).ends(), timeout=90)
+    h.assert_matches_reference(h.latest_posterior(kafka, topics), h.reference(first + second, placed))
+    assert last_assignment(tmp_path / "b.log") == {0, 1, 2, 3}
+    read_by_b = h.metric(ports["b"], "banditstream_records_in_total")
+
+    # b dies mid-run (SIGKILL); c, on an empty disk, rebuilds every shard from the posterior topic
+    third = h.make_updates(40_000, seed=33, prefix="third")
+    placed += h.produce(kafka, topics.updates, h.encode_updates(third)).placed
+    h.wait_until(lambda: h.metric(ports["b"], "banditstream_records_in_total") >= read_by_b + 15_000, 60, "b mid-run", interval=0.02)
+    b.kill()
+    b.wait(10)
+    c = h.start_learner(configs["c"], tmp_path / "c.log")
+    h.wait_published(kafka, group, topics, h.Produced(placed).ends(), timeout=120)
+    assert stop_gracefully(c) == 0
+
+    # nothing lost, nothing doubled: exact counts, statistics of the in-process fold
+    h.assert_matches_reference(h.latest_posterior(kafka, topics), h.reference(first + second + third, placed))
+    assert "rebuilt" in (tmp_path / "b.log").read_text() and "rebuilt" in (tmp_path / "c.log").read_text()
+
+
+def last_assignment(log: Path) -> set[int]:
+    """The partitions a worker said it owns in its last 'assigned [...]' log line."""
+    line = [line for line in log.read_text().splitlines() if " assigned [" in line][-1]
+    return {int(p) for p in line.rsplit("[", 1)[1].rstrip("]").split(",") if p.strip()}
+
+
+# -- 4 -----------------------------------------------------------------------------------------
+
+
+def test_bad_records_are_dead_lettered_with_reasons_and_the_good_ones_learned(kafka, topics, tmp_path):
+    ensure_topics(kafka, topics)
+    serde = AvroSerde("update", framing="single_object")
+    good = h.make_updates(5_000, seed=4)
+    template = h.make_updates(1, seed=5, prefix="bad", modes=False)[0]
+
+    def bad(i, **changes):
+        return {**template, "event_id": f"bad-{i}", **changes}
+
+    valid_bytes = serde.encode(template)
+    corpus = [  # (reason, key, value)
+        ("truncated", h.shard_key(template), valid_bytes[: len(valid_bytes) // 2]),
+        ("truncated", h.shard_key(template), None),
+        ("unknown_framing", h.shard_key(template), b"\x07not avro at all"),
+        ("unknown_fingerprint", h.shard_key(template), b"\xc3\x01" + b"\x11" * 8 + valid_bytes[10:]),
+        ("unknown_schema_id", h.shard_key(template), b"\x00" + struct.pack(">I", 4242) + valid_bytes[10:]),
+        ("oversize", h.shard_key(template), serde.encode(bad(1, policy_version="x" * 5000))),
+        ("missing_event_id", h.shard_key(template), serde.encode(bad(2, event_id=""))),
+        ("non_finite_feature", h.shard_key(template), serde.encode(bad(3, features=[1.0, float("nan")] + [0.0] * 6))),
+        ("non_finite_value", h.shard_key(template), serde.encode(bad(4, reward=float("inf")))),
+        ("wrong_dimension", h.shard_key(template), serde.encode(bad(5, features=[1.0] * 5))),
+        ("unknown_domain", "default/main/nope/gpt", serde.encode(bad(6, domain="nope"))),
+        ("feature_hash_mismatch", h.shard_key(template), serde.encode(bad(7, feature_hash="0123456789abcdef"))),
+        ("negative_weight", h.shard_key(template), serde.encode(bad(8, weight=-1.0))),
+        ("wrong_shard_key", "default/main/route", serde.encode(bad(9))),
+        ("chosen_out_of_range", h.shard_key(template), serde.encode(bad(10, actions=["a", "b"], probabilities=[0.5, 0.5], arm_index=7))),
+        ("probabilities_do_not_sum_to_one", h.shard_key(template), serde.encode(bad(11, actions=["a", "b"], probabilities=[0.5, 0.2], arm_index=0))),
+    ]
+    items = h.encode_updates(good)
+    rng = random.Random(4)
+    slots = sorted(rng.sample(range(len(items)), len(corpus)))
+    for shift, (slot, (_reason, key, value)) in enumerate(zip(slots, corpus)):
+        items.insert(slot + shift, (key, value))
+    produced = h.produce(kafka, topics.updates, items)
+    bad_at = {produced.placed[slot + shift]: corpus[shift] for shift, slot in enumerate(slots)}
+    good_placed = [where for where, item in zip(produced.placed, items) if where not in bad_at]
+
+    config = h.worker_config(kafka, topics, tmp_path, group_id="learn-t4", max_payload_bytes=4096)
+    with learner_in_thread(config) as learner:
+        h.wait_published(kafka, "learn-t4", topics, produced.ends(), timeout=60)
+        by_reason = {reason: h.metric(learner.metrics.port, "banditstream_dead_letters_total", reason=reason) for reason, _, _ in corpus}
+
+    letters = h.read_topic(kafka, topics.deadletter, 1, AvroSerde("deadletter", framing="single_object"))
+    got = {(r["source_partition"], r["source_offset"]): r for r, *_ in letters}
+    assert set(got) == set(bad_at)  # every bad record, once; no good record
+    for where, (reason, key, value) in bad_at.items():
+        letter = got[where]
+        assert letter["reason"] == reason, (letter["reason"], letter["message"])
+        assert letter["source_topic"] == topics.updates and letter["worker"] == "learn"
+        assert letter["value"] == value and letter["key"] == key.encode()
+        assert letter["message"] and letter["error_class"]
+    assert by_reason == {reason: sum(r == reason for r, _, _ in corpus) for reason, _, _ in corpus}
+    h.assert_matches_reference(h.latest_posterior(kafka, topics), h.reference(good, good_placed))
+
+
+# -- 5 -----------------------------------------------------------------------------------------
+
+
+def test_an_update_delivered_twice_is_learned_once(kafka, topics, tmp_path):
+    ensure_topics(kafka, topics)
+    updates = h.make_updates(12_000, seed=5, modes=False)
+    rng = random.Random(5)
+    copies: dict[int, list[dict]] = {}
+    for i in rng.sample(range(len(updates)), 600):  # right after, or thousands of records later
+        at = min(i + rng.choice([0, 1, rng.randrange(50, 3000)]), len(updates) - 1)
+        copy = dict(updates[i]) if rng.random() < 0.8 else {**updates[i], "reward": 99.0}  # first one wins
+        copies.setdefault(at, []).append(copy)
+    stream = []
+    for i, update in enumerate(updates):
+        stream += [update, *copies.get(i, [])]
+    produced = h.produce(kafka, topics.updates, h.encode_updates(stream))
+    originals = {id(u) for u in updates}
+    folded = h.folded(produced, 128)
+    expected_duplicates = sum(id(u) not in originals and folded(w) for u, w in zip(stream, produced.placed))
+
+    config = h.worker_config(kafka, topics, tmp_path, group_id="learn-t5", block_size=128, dedupe_window=4096)
+    with learner_in_thread(config) as learner:
+        h.wait_published(kafka, "learn-t5", topics, produced.ends(), timeout=60)
+        duplicates = h.metric(learner.metrics.port, "banditstream_duplicates_total", kind="update")
+
+    assert duplicates == expected_duplicates > 400  # counted as their blocks are folded
+    h.assert_matches_reference(h.latest_posterior(kafka, topics), h.reference(stream, produced.placed))
+
+
+# -- 6 -----------------------------------------------------------------------------------------
+
+
+def test_sigterm_flushes_state_publishes_commits_and_exits_0(kafka, topics, tmp_path):
+    ensure_topics(kafka, topics)
+    port = free_port()
+    config = h.write_config(tmp_path / "learn.json", kafka, topics, tmp_path / "state", port)
+    process = h.start_learner(config, tmp_path / "learn.log")
+    updates = h.make_updates(10_000, seed=6)
+    produced = h.produce(kafka, topics.updates, h.encode_updates(updates))
+
+    def read_all():
+        with contextlib.suppress(OSError):
+            return h.metric(port, "banditstream_records_in_total") >= len(updates)
+        return False
+
+    h.wait_until(read_all, 60, "the learner to read every update", interval=0.02)
+    assert stop_gracefully(process) == 0  # at once: the shutdown itself must publish and commit
+
+    ends = produced.ends()
+    assert h.committed(kafka, f"banditstream-learn.{topics.updates}", topics.updates, 4) == {p: ends.get(p, 0) for p in range(4)}
+    published = h.latest_posterior(kafka, topics)
+    h.assert_matches_reference(published, h.reference(updates, produced.placed))
+    stored = stored_shards(tmp_path / "state", topics.updates, 4)
+    assert {p for p, (offset, _) in stored.items() if offset} == {p for p, end in ends.items() if end >= 1024}
+    for partition, (offset, _states) in stored.items():
+        assert offset in (None, ends[partition] // 1024 * 1024)  # whole blocks, flushed
+    log = (tmp_path / "learn.log").read_text()
+    assert "Traceback" not in log
