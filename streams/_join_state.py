@@ -1,0 +1,450 @@
+"""The join's state machine, free of faust and Kafka: what happens to one partition's
+decisions and rewards, and which UpdateEvents and dead letters come out.
+
+``streams.join`` feeds it decoded, validated events per partition and persists what it
+marks dirty; tests can drive it directly.
+
+State of one partition (one RocksDB database; keys ``e:<event_id>``, ``m:meta``,
+``n:<domain>``; values are pickled plain lists, an internal format never seen outside the
+worker):
+
+* ``["D", deadline_ms, update, rewards]`` - a decision waiting for rewards until
+  ``deadline_ms = decision.timestamp + window``. ``update`` is the UpdateEvent without its
+  reward part (features already encoded); ``rewards`` maps reward_id to
+  ``(timestamp, signals, value)``.
+* ``["R", expire_ms, [waiting reward, ...]]`` - rewards that came before their decision;
+  they wait until ``expire_ms = first reward's timestamp + window``, then are dead-lettered
+  (``reward_without_decision``). Each keeps its raw bytes and source coordinates.
+* ``["X", done_wall_ms, reward_ids]`` - the decision was emitted; kept ``done_retention_s``
+  so a replayed or duplicated decision or reward is recognised, then purged locally.
+
+The deadline index is an in-memory heap of ``(deadline_ms, key)`` per partition, rebuilt
+from the database when the partition is assigned (after faust's changelog recovery).
+Entries are lazily invalidated: a popped key whose entry no longer carries that deadline
+is skipped.
+
+Clock: one monotone watermark ``W`` per partition,
+``W = max(newest decision time seen, W at the last decision + wall time since it)``.
+While decisions flow, ``W`` is the event time they carry (a backlog is joined by event
+time, not by how fast it is read); when they stop, ``W`` moves on with the wall clock, so
+the sweeper fires default rewards. A deadline fires when ``W >= deadline``. Only decisions
+drive it: a reward's timestamp is another system's clock and a reward from the future must
+not close every window of its partition (decision times are capped at wall clock +
+``max_clock_skew_s`` for the same reason). While the partition's rewards are read behind
+its decisions (a backlog after a restart: faust hands over whole fetches per topic), ``W``
+is also capped at the producer time of the newest reward read, so a window never closes
+before the rewards produced inside it have been read.
+"""
+
+from __future__ import annotations
+
+import heapq
+import pickle
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from learner.domain import DomainSettings
+from learner.features import FeatureEncoder, Normalizer
+from learner.policies import POLICIES
+
+EVENT_PREFIX = b"e:"
+META_KEY = b"m:meta"
+NORM_PREFIX = b"n:"
+FENCE_KEY = b"f:fence"
+
+_DUMP = pickle.dumps
+_LOAD = pickle.loads
+_PROTOCOL = pickle.HIGHEST_PROTOCOL
+_HEAD = 9  # kind byte + 8-byte signed big-endian deadline (or done time), then the pickle
+
+
+def encode_entry(entry: list) -> bytes:
+    """``kind + deadline + pickle``: loading the index and purging read 9 bytes, not the pickle."""
+    return entry[0].encode() + int(entry[1]).to_bytes(8, "big", signed=True) + _DUMP(entry, _PROTOCOL)
+
+
+def decode_entry(raw: bytes) -> list:
+    return _LOAD(raw[_HEAD:])
+
+
+@dataclass(frozen=True)
+class JoinOptions:
+    """Limits and cadences of the join (``WorkerConfig.extra["join"]`` overrides them)."""
+
+    #: Most events handled as one batch (one flush of outputs and state).
+    batch_max: int = 4000
+    #: Longest wait to fill a batch, seconds.
+    batch_within_s: float = 0.05
+    #: Wall-clock sweeper period, seconds.
+    sweep_interval_s: float = 0.5
+    #: Distinct rewards kept per decision; more are dead-lettered (``too_many_rewards``).
+    max_rewards_per_decision: int = 64
+    #: Event ids with early rewards waiting per partition; beyond, early rewards are
+    #: dead-lettered at once (``reward_without_decision``).
+    max_waiting_events: int = 100_000
+    #: How long a finalised decision is remembered (duplicates and replays), seconds.
+    done_retention_s: float = 900.0
+    #: Keys the purge looks at per sweep and partition (bounded work per tick).
+    purge_scan: int = 20_000
+    #: A decision timestamp further than this ahead of the wall clock moves the clock only
+    #: this far (a producer with a wrong clock must not expire a partition's windows).
+    max_clock_skew_s: float = 5.0
+
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, Any] | None) -> "JoinOptions":
+        return cls(**dict(data or {}))
+
+
+@dataclass
+class DeadLetter:
+    """A record to dead-letter: where it came from, why, and its bytes."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    error: BaseException | None = None
+    reason: str | None = None
+
+
+class JoinError(Exception):
+    """A record the join refuses for a join-level reason (late, orphaned, mismatched, ...)."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        self.reason = reason
+        super().__init__(message)
+
+
+@dataclass
+class Outputs:
+    """What one batch or sweep produced, in order."""
+
+    #: (shard key, UpdateEvent dict)
+    updates: list[tuple[str, dict]] = field(default_factory=list)
+    dead: list[DeadLetter] = field(default_factory=list)
+    duplicates: dict[str, int] = field(default_factory=dict)
+    late_rewards: int = 0
+
+    def duplicate(self, kind: str) -> None:
+        self.duplicates[kind] = self.duplicates.get(kind, 0) + 1
+
+
+class _Domain:
+    """What the join needs of one domain, built once."""
+
+    def __init__(self, name: str, settings: DomainSettings) -> None:
+        self.name = name
+        self.settings = settings
+        self.engine = settings.reward_engine()
+        self.window_ms = int(round(settings.reward.window_s * 1000))
+        self.features = settings.features
+        self.feature_hash = settings.features.config_hash()
+        self.shared = POLICIES[settings.policy].shared
+        self.normalize = settings.features.normalize
+
+
+class PartitionState:
+    """One partition's join state: a view of its database plus this batch's changes."""
+
+    def __init__(self, partition: int, db: Any, domains: Mapping[str, _Domain]) -> None:
+        self.partition = partition
+        self.db = db
+        self._domains = domains
+        self.heap: list[tuple[int, bytes]] = []
+        self.waiting = 0
+        self.watermark = -(1 << 62)
+        self._anchor_ts = self.watermark
+        #: Producer time of the newest reward read on this partition (this session).
+        self.rewards_read = -(1 << 62)
+        self._anchor_wall = time.time() * 1000.0
+        self.normalizers: dict[str, Normalizer] = {}
+        self._encoders: dict[str, FeatureEncoder] = {}
+        self._norm_dirty: set[str] = set()
+        self._meta_dirty = False
+        self._cache: dict[bytes, list | None] = {}
+        self.dirty: set[bytes] = set()
+        self.purge_cursor = EVENT_PREFIX
+        self._load()
+
+    # -- loading -------------------------------------------------------------------------
+
+    def _load(self) -> None:
+        """Rebuild the in-memory index (deadlines, waiting count, clock, normalisers)."""
+        meta = self.db.get(META_KEY)
+        if meta is not None:
+            self.watermark = int(_LOAD(meta)["watermark"])
+            self._anchor_ts = self.watermark
+        for name in self._domains:
+            raw = self.db.get(NORM_PREFIX + name.encode())
+            if raw is not None:
+                self.normalizers[name] = Normalizer.from_export(_LOAD(raw))
+        heap = self.heap
+        it = self.db.iter()
+        it.seek(EVENT_PREFIX)
+        while it.valid():
+            key = it.key()
+            if not key.startswith(EVENT_PREFIX):
+                break
+            head = it.value()[:_HEAD]
+            kind = head[:1]
+            if kind == b"D" or kind == b"R":
+                heap.append((int.from_bytes(head[1:], "big", signed=True), key))
+                self.waiting += kind == b"R"
+            it.next()
+        heapq.heapify(heap)
+
+    # -- entries -------------------------------------------------------------------------
+
+    def get(self, key: bytes) -> list | None:
+        try:
+            return self._cache[key]
+        except KeyError:
+            raw = self.db.get(key)
+            entry = None if raw is None else decode_entry(raw)
+            self._cache[key] = entry
+            return entry
+
+    def put(self, key: bytes, entry: list | None) -> None:
+        self._cache[key] = entry
+        self.dirty.add(key)
+
+    def encoder(self, domain: _Domain) -> FeatureEncoder:
+        encoder = self._encoders.get(domain.name)
+        if encoder is None:
+            normalizer = self.normalizers.setdefault(domain.name, Normalizer())
+            encoder = self._encoders[domain.name] = FeatureEncoder(domain.features, normalizer)
+        return encoder
+
+    def normalizer_changed(self, domain: str) -> None:
+        self._norm_dirty.add(domain)
+
+    # -- clock ---------------------------------------------------------------------------
+
+    def advance(self, max_ts: int | None, now_wall_ms: float, cap: int | None = None) -> int:
+        """Move the watermark by event time when decisions came (``max_ts``: the newest
+        decision time of the batch), else by wall time since the last decision; never past
+        ``cap`` (how far the rewards partition has been read, while it lags)."""
+        if max_ts is not None:
+            candidate = max_ts
+            self._anchor_wall = now_wall_ms
+            self._anchor_ts = max(self._anchor_ts, max_ts)
+        else:
+            candidate = self._anchor_ts + int(now_wall_ms - self._anchor_wall)
+        if cap is not None and candidate > cap:
+            candidate = cap
+        if candidate > self.watermark:
+            self.watermark = candidate
+            self._meta_dirty = True
+        return self.watermark
+
+    # -- persistence ---------------------------------------------------------------------
+
+    def changes(self) -> list[tuple[bytes, bytes | None]]:
+        """This batch's writes as (key, value or None for a delete); clears them."""
+        out: list[tuple[bytes, bytes | None]] = []
+        cache = self._cache
+        for key in self.dirty:
+            entry = cache[key]
+            out.append((key, None if entry is None else encode_entry(entry)))
+        for name in self._norm_dirty:
+            out.append((NORM_PREFIX + name.encode(), _DUMP(self.normalizers[name].export(), _PROTOCOL)))
+        if self._meta_dirty or out:
+            out.append((META_KEY, _DUMP({"watermark": self.watermark}, _PROTOCOL)))
+        self.dirty = set()
+        self._norm_dirty = set()
+        self._meta_dirty = False
+        cache.clear()
+        return out
+
+    def purge_done(self, now_wall_ms: float, retention_ms: float, scan: int) -> int:
+        """Delete done markers older than the retention, looking at ``scan`` keys at most.
+
+        Local deletes only: the changelog topic's retention drops old markers there, and a
+        marker restored from it is purged again here by its timestamp.
+        """
+        cutoff = now_wall_ms - retention_ms
+        it = self.db.iter()
+        it.seek(self.purge_cursor)
+        stale: list[bytes] = []
+        seen = 0
+        while it.valid() and seen < scan:
+            key = it.key()
+            if not key.startswith(EVENT_PREFIX):
+                break
+            head = it.value()[:_HEAD]
+            if head[:1] == b"X" and int.from_bytes(head[1:], "big", signed=True) < cutoff and key not in self._cache:
+                stale.append(key)
+            seen += 1
+            it.next()
+        self.purge_cursor = it.key() if it.valid() and it.key().startswith(EVENT_PREFIX) else EVENT_PREFIX
+        for key in stale:
+            self.db.delete(key)
+        return len(stale)
+
+
+class JoinCore:
+    """Decisions and rewards in, UpdateEvents and dead letters out, per partition."""
+
+    def __init__(self, domains: Mapping[str, DomainSettings], options: JoinOptions) -> None:
+        self.domains = {name: _Domain(name, settings) for name, settings in domains.items()}
+        self.options = options
+
+    # -- events --------------------------------------------------------------------------
+
+    def decision(self, part: PartitionState, event: dict, source: DeadLetter, out: Outputs) -> None:
+        key = EVENT_PREFIX + event["event_id"].encode()
+        entry = part.get(key)
+        if entry is not None and entry[0] != "R":
+            out.duplicate("decision")
+            return
+        domain = self.domains[event["domain"]]
+        encoder = part.encoder(domain)
+        features = encoder.acted_matrix((event,))[0]
+        if domain.normalize:  # after encoding, so a value never normalises itself
+            encoder.observe(event.get("context") or {}, event["actions"])
+            part.normalizer_changed(domain.name)
+        actions = event["actions"]
+        chosen = event["chosen"]
+        arm = actions[chosen]["id"]
+        tenant, workspace = event["tenant"], event["workspace"]
+        shard = f"{tenant}/{workspace}/{domain.name}" if domain.shared else f"{tenant}/{workspace}/{domain.name}/{arm}"
+        probabilities = list(event["probabilities"])
+        update = {
+            "event_id": event["event_id"],
+            "tenant": tenant,
+            "workspace": workspace,
+            "domain": domain.name,
+            "arm": arm,
+            "arm_index": chosen,
+            "actions": [a["id"] for a in actions],
+            "probabilities": probabilities,
+            "probability": probabilities[chosen],
+            "features": features.tolist(),
+            "feature_hash": domain.feature_hash,
+            "mode": event.get("mode") or "live",
+            "policy_version": event.get("policy_version") or "",
+            "decision_time": event["timestamp"],
+            "weight": 1.0,
+            "_shard": shard,
+        }
+        deadline = event["timestamp"] + domain.window_ms
+        rewards: dict[str, tuple] = {}
+        if entry is not None:  # rewards that came first
+            part.waiting -= 1
+            for waiting in entry[2]:
+                self._attach(update, deadline, rewards, waiting, out)
+        part.put(key, ["D", deadline, update, rewards])
+        heapq.heappush(part.heap, (deadline, key))
+
+    def reward(self, part: PartitionState, event: dict, source: DeadLetter, out: Outputs) -> None:
+        key = EVENT_PREFIX + event["event_id"].encode()
+        entry = part.get(key)
+        reward_id = event["reward_id"]
+        owner = (event["tenant"], event["workspace"], event["domain"])
+        waiting = (reward_id, event["timestamp"], dict(event.get("signals") or {}), event.get("value"), owner, source)
+        if entry is None:
+            if part.waiting >= self.options.max_waiting_events:
+                out.dead.append(_refuse(source, "reward_without_decision",
+                                        f"{part.waiting} event ids already wait for their decision on this partition"))
+                return
+            expire = event["timestamp"] + self.domains[event["domain"]].window_ms
+            part.put(key, ["R", expire, [waiting]])
+            part.waiting += 1
+            heapq.heappush(part.heap, (expire, key))
+            return
+        kind = entry[0]
+        if kind == "R":
+            if any(w[0] == reward_id for w in entry[2]):
+                out.duplicate("reward")
+            elif len(entry[2]) >= self.options.max_rewards_per_decision:
+                out.dead.append(_refuse(source, "too_many_rewards",
+                                        f"already {len(entry[2])} rewards wait for this decision"))
+            else:
+                entry[2].append(waiting)
+                part.put(key, entry)
+            return
+        if kind == "X":
+            if reward_id in entry[2]:
+                out.duplicate("reward")
+            else:
+                out.late_rewards += 1
+                out.dead.append(_refuse(source, "late_reward", "its decision was already joined and emitted"))
+            return
+        if self._attach(entry[2], entry[1], entry[3], waiting, out):
+            part.put(key, entry)
+
+    def _attach(self, update: dict, deadline: int, rewards: dict, waiting: tuple, out: Outputs) -> bool:
+        """Add a reward to a waiting decision, or count/dead-letter it; True if added."""
+        reward_id, ts, signals, value, owner, source = waiting
+        if reward_id in rewards:
+            out.duplicate("reward")
+            return False
+        if owner != (update["tenant"], update["workspace"], update["domain"]):
+            out.dead.append(_refuse(source, "reward_mismatch",
+                                    f"the reward names {'/'.join(owner)}, its decision "
+                                    f"{update['tenant']}/{update['workspace']}/{update['domain']}"))
+            return False
+        if ts > deadline:
+            out.late_rewards += 1
+            out.dead.append(_refuse(source, "late_reward",
+                                    f"timestamp {ts} is after the decision's window closed at {deadline}"))
+            return False
+        if len(rewards) >= self.options.max_rewards_per_decision:
+            out.dead.append(_refuse(source, "too_many_rewards", f"already {len(rewards)} rewards for this decision"))
+            return False
+        rewards[reward_id] = (ts, signals, value)
+        return True
+
+    # -- deadlines -----------------------------------------------------------------------
+
+    def fire(self, part: PartitionState, now_wall_ms: float, out: Outputs, max_ts: int | None = None,
+             cap: int | None = None) -> None:
+        """Advance the partition's clock and finalise everything now due."""
+        watermark = part.advance(max_ts, now_wall_ms, cap)
+        heap = part.heap
+        done_at = int(now_wall_ms)
+        while heap and heap[0][0] <= watermark:
+            deadline, key = heapq.heappop(heap)
+            entry = part.get(key)
+            if entry is None or entry[1] != deadline:
+                continue
+            if entry[0] == "D":
+                update, rewards = entry[2], entry[3]
+                domain = self.domains[update["domain"]]
+                out.updates.append(self._finalise(domain, update, rewards))
+                part.put(key, ["X", done_at, tuple(rewards)])
+            elif entry[0] == "R":
+                part.waiting -= 1
+                for waiting in entry[2]:
+                    out.dead.append(_refuse(waiting[5], "reward_without_decision",
+                                            f"no decision {key[len(EVENT_PREFIX):].decode()!r} arrived within the window"))
+                part.put(key, None)
+
+    def _finalise(self, domain: _Domain, update: dict, rewards: dict) -> tuple[str, dict]:
+        record = dict(update)
+        shard = record.pop("_shard")
+        if rewards:
+            events = [{"reward_id": rid, "timestamp": ts, "signals": signals, "value": value}
+                      for rid, (ts, signals, value) in rewards.items()]
+            reward, signals, count = domain.engine.aggregate(events)
+            record.update(reward=float(reward), signals=signals, reward_count=count, join_status="rewarded",
+                          reward_time=max(ts for ts, _, _ in rewards.values()))
+        else:
+            record.update(reward=float(domain.engine.default_reward), signals={}, reward_count=0,
+                          join_status="default", reward_time=None)
+        return shard, record
+
+
+def _refuse(source: DeadLetter, reason: str, message: str) -> DeadLetter:
+    return DeadLetter(source.topic, source.partition, source.offset, source.key, source.value,
+                      JoinError(reason, message), reason)
+
+
+def iter_changes(parts: Iterable[PartitionState]) -> Iterable[tuple[int, list[tuple[bytes, bytes | None]]]]:
+    for part in parts:
+        changes = part.changes()
+        if changes:
+            yield part.partition, changes

@@ -1,0 +1,441 @@
+"""The join worker: decisions + rewards in, exactly one UpdateEvent per decision out.
+
+A faust-streaming app. One agent consumes the co-partitioned decisions and rewards topics
+(raw bytes: decoding and validation are ours, so every failure is ours to dead-letter) in
+batches (``stream.take_events``); the state lives in a faust RocksDB table (rocksdict
+driver, one database per partition) driven by :mod:`streams._join_state`. Per batch:
+
+1. decode (:class:`~streams.serde.AvroSerde`), validate (:class:`~streams.validation.Validator`);
+   a record that fails goes to the dead-letter topic, the rest go on;
+2. decisions open a join entry (features encoded now, the normaliser updated after),
+   rewards attach to it, wait for it, or are late / duplicate;
+3. the partition's clock advances (event time, or the wall clock when traffic stops) and
+   every due entry is finalised: its UpdateEvent is built;
+4. **emit before marking done**: UpdateEvents and dead letters are produced and flushed,
+   then the state changes go to the table's changelog topic, then to local RocksDB (one
+   write batch per partition) with the changelog offset faust recovers from. A crash
+   between the steps can duplicate an UpdateEvent (the learner dedupes by event_id), never
+   lose one. faust commits the source offsets only after the batch returns.
+
+A faust timer sweeps every ``sweep_interval_s``: it advances every partition's clock by
+the wall clock and finalises what is due, so default rewards fire when traffic stops, and
+purges old done markers.
+
+Changelog writes bypass faust's per-key ``table[key] = value`` path (one aiokafka send per
+key, about 2,000 writes/s here) and go through librdkafka in bulk to the same changelog
+topic, in the format faust's recovery applies (raw key, raw value, the source partition).
+On a broker whose queried end offsets cannot be trusted (Tansu: the base offset of the last
+record batch + 1), each bulk write is closed with a one-record "fence" batch (a tombstone
+of an unused key) and one more fence is written at start-up, so the queried end offset
+faust recovers to is exact.
+
+Limitations: normaliser statistics are per partition (each partition observes only its
+own decisions, so partitions' features scale slightly differently until the statistics
+converge); the deadline index is in memory (about 100 bytes per waiting decision); a
+decision's ``deferred`` flag is carried through, not acted on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterable
+from typing import Any
+
+import faust
+from confluent_kafka import KafkaException, Producer
+from confluent_kafka.admin import AdminClient
+from faust.types import TP
+
+from streams._join_state import (
+    FENCE_KEY,
+    DeadLetter,
+    JoinCore,
+    JoinOptions,
+    Outputs,
+    PartitionState,
+)
+from streams.client import EventProducer
+from streams.deadletter import DeadLetters, reason_of
+from streams.errors import DecodeError, ValidationError
+from streams.metrics import WorkerMetrics
+from streams.topics import check_topics
+from streams.validation import Validator
+from streams.worker import WorkerConfig
+
+__all__ = ["JoinOptions", "JoinWorker", "run_join"]
+
+log = logging.getLogger("banditstream.join")
+
+TABLE_NAME = "join"
+#: Raw bytes kept in a dead letter; a longer record (an oversize payload) keeps its first
+#: bytes only, so the dead letter stays below the broker's message size.
+MAX_DEAD_LETTER_VALUE = 512 * 1024
+
+
+def run_join(config: WorkerConfig, *, stop: threading.Event | None = None) -> None:
+    """Run the join worker until SIGTERM/SIGINT (main thread) or ``stop`` is set.
+
+    Returns normally after a graceful shutdown (batch finished, outputs flushed, offsets
+    committed, group left); raises if the worker crashed.
+    """
+    JoinWorker(config).run(stop=stop)
+
+
+class _Worker(faust.Worker):
+    """faust's worker; signal handlers only where Python allows them (the main thread)."""
+
+    def install_signal_handlers(self) -> None:
+        if threading.current_thread() is threading.main_thread():
+            super().install_signal_handlers()
+
+
+class JoinWorker:
+    """The faust app, its table and the glue between faust, the join state and Kafka."""
+
+    def __init__(self, config: WorkerConfig) -> None:
+        self.config = config
+        self.options = JoinOptions.from_mapping(config.extra.get("join"))
+        self.profile = config.kafka.broker_profile
+        self.topics = config.topics
+        self.core = JoinCore(config.domains, self.options)
+        self.validator = Validator(config.limits)
+        self.decision_serde = config.serde("decision", topic=config.topics.decisions)
+        self.reward_serde = config.serde("reward", topic=config.topics.rewards)
+        self.update_serde = config.serde("update", topic=config.topics.updates)
+        self.metrics = WorkerMetrics("join")
+        self.producer = EventProducer(config.kafka)
+        self.changelog_producer = Producer(config.kafka.producer_config())
+        self.deadletters = DeadLetters(
+            self.producer, config.topics.deadletter, worker="join", on_dead_letter=self.metrics.dead_letter
+        )
+        self.parts: dict[int, PartitionState] = {}
+        self.positions: dict[tuple[str, int], int] = {}
+        self._lock = asyncio.Lock()
+        self._stop: threading.Event | None = None
+        self.worker: _Worker | None = None
+        self.app = self._build_app()
+
+    # -- faust wiring --------------------------------------------------------------------
+
+    def _build_app(self) -> faust.App:
+        config, options = self.config, self.options
+        app_id = f"banditstream-join.{config.topics.decisions}"
+        brokers = [f"kafka://{server.strip()}" for server in config.kafka.bootstrap_servers.split(",")]
+        app = faust.App(
+            app_id,
+            broker=brokers,
+            datadir=str(config.state_dir / "join"),
+            store="rocksdb://",
+            topic_partitions=config.topics.partitions,
+            web_enabled=False,
+            consumer_auto_offset_reset="earliest",
+            broker_max_poll_records=options.batch_max,
+            stream_buffer_maxsize=options.batch_max * 2,
+            **self.profile.faust,
+        )
+        longest_window = max((d.reward.window_s for d in config.domains.values()), default=600.0)
+        retention_ms = int((2 * longest_window + options.done_retention_s + 3600) * 1000)
+        self.table = app.Table(
+            TABLE_NAME,
+            partitions=config.topics.partitions,
+            key_type=bytes,  # faust derives the changelog's (raw) serializers from these
+            value_type=bytes,
+            options={"driver": "rocksdict", "block_cache_size": 64 << 20, "write_buffer_size": 32 << 20},
+            # Done markers are purged locally, never tombstoned: the topic's retention drops them.
+            extra_topic_configs={"cleanup.policy": "compact,delete", "retention.ms": retention_ms},
+        )
+        source = app.topic(config.topics.decisions, config.topics.rewards, key_serializer="raw", value_serializer="raw")
+
+        @app.agent(source, name="join")
+        async def join(stream):
+            async for events in stream.take_events(options.batch_max, within=options.batch_within_s):
+                try:
+                    await self.process(events)
+                except Exception as exc:
+                    self._fail_stop(exc)
+
+        @app.timer(options.sweep_interval_s, name="join-sweeper")
+        async def sweeper():
+            if self._stop is not None and self._stop.is_set() and self.worker is not None:
+                self.worker._schedule_shutdown(signal.SIGTERM)  # the same path as a real SIGTERM
+                return
+            try:
+                await self.sweep()
+            except Exception as exc:
+                self._fail_stop(exc)
+
+        @self.table.on_recover
+        async def recovered():
+            async with self._lock:
+                self._load_assigned()
+
+        @app.on_partitions_revoked.connect
+        async def revoked(sender: Any, revoked: set[TP], **kwargs: Any) -> None:
+            async with self._lock:
+                for tp in revoked:
+                    if tp.topic in (config.topics.decisions, config.topics.rewards):
+                        self.parts.pop(tp.partition, None)
+                        self.positions.pop((tp.topic, tp.partition), None)
+
+        return app
+
+    @property
+    def changelog_topic(self) -> str:
+        return self.table.changelog_topic.get_topic_name()
+
+    def run(self, *, stop: threading.Event | None = None) -> None:
+        check_topics(self.config.kafka, self.topics)
+        (self.config.state_dir / "join").mkdir(parents=True, exist_ok=True)
+        port = self.metrics.serve(self.config.metrics_port)
+        log.warning("join worker: metrics on port %d", port)
+        self._stop = stop
+        if not self.profile.trusts_queried_end_offsets:
+            self._fence_existing_changelog()
+        main = threading.current_thread() is threading.main_thread()
+        loop = asyncio.new_event_loop()
+        asyncio.set_event_loop(loop)
+        self.worker = _Worker(
+            self.app, loop=loop, loglevel=os.environ.get("BANDITSTREAM_JOIN_LOGLEVEL", "WARNING"), quiet=True, override_logging=main, redirect_stdouts=False
+        )
+        try:
+            self.worker.execute_from_commandline()
+        except SystemExit as exc:
+            if exc.code not in (0, None):
+                raise
+        finally:
+            self.producer.flush()
+            self.changelog_producer.flush(10)
+            self.metrics.close()
+
+    def _fail_stop(self, exc: BaseException) -> None:
+        """A batch could not be emitted or persisted (broker down past the timeouts, a bug).
+
+        Stop at once, before faust acknowledges and commits the batch: a restart replays it
+        from the last committed offsets (at-least-once). Records never get here; they are
+        dead-lettered one by one.
+        """
+        log.critical("join: stopping without committing the current batch: %r", exc, exc_info=exc)
+        if threading.current_thread() is threading.main_thread():
+            os._exit(70)
+        raise exc  # a worker thread (tests): the thread's owner sees the error
+
+    # -- partitions ----------------------------------------------------------------------
+
+    def _store(self):
+        return self.table.data
+
+    def _part(self, partition: int) -> PartitionState:
+        part = self.parts.get(partition)
+        if part is None:
+            db = self._store()._db_for_partition(partition)
+            part = self.parts[partition] = PartitionState(partition, db, self.core.domains)
+        return part
+
+    def _load_assigned(self) -> None:
+        """Rebuild the index of every active changelog partition not loaded yet."""
+        for tp in self.app.assignor.assigned_actives():
+            if tp.topic == self.changelog_topic and tp.partition not in self.parts:
+                self._part(tp.partition)
+
+    # -- the batch -----------------------------------------------------------------------
+
+    async def process(self, events: list) -> None:
+        async with self._lock:
+            now = time.time() * 1000.0
+            future = int(now + self.options.max_clock_skew_s * 1000)
+            out = Outputs()
+            max_ts: dict[int, int] = {}  # partition -> newest decision time (the clock)
+            counts: dict[str, int] = {}
+            decisions = self.topics.decisions
+            decode_decision = self.decision_serde.decode
+            decode_reward = self.reward_serde.decode
+            validate_decision = self.validator.validate_decision
+            validate_reward = self.validator.validate_reward
+            core = self.core
+            positions = self.positions
+            for event in events:
+                message = event.message
+                topic, partition, offset, raw = message.topic, message.partition, message.offset, message.value
+                counts[topic] = counts.get(topic, 0) + 1
+                positions[(topic, partition)] = offset + 1
+                source = DeadLetter(topic, partition, offset, message.key, raw)
+                try:
+                    part = self._part(partition)
+                    size = len(raw) if raw is not None else 0
+                    if topic == decisions:
+                        record = validate_decision(decode_decision(raw or b""), encoded_size=size)
+                        core.decision(part, record, source, out)
+                        ts = min(record["timestamp"], future)
+                        if ts > max_ts.get(partition, -(1 << 62)):
+                            max_ts[partition] = ts
+                    else:
+                        stamp = int(message.timestamp * 1000)
+                        if stamp > part.rewards_read:
+                            part.rewards_read = stamp
+                        record = validate_reward(decode_reward(raw or b""), encoded_size=size)
+                        core.reward(part, record, source, out)
+                except (DecodeError, ValidationError) as error:
+                    source.error = error
+                    out.dead.append(source)
+                except Exception as error:  # a record must never stop the worker
+                    log.warning("join: %s/%d@%d refused: %r", topic, partition, offset, error)
+                    source.error = error
+                    out.dead.append(source)
+            for topic, n in counts.items():
+                self.metrics.records_in.labels("join", topic).inc(n)
+            caps = await self._reward_caps()
+            for partition, part in self.parts.items():
+                core.fire(part, now, out, max_ts.get(partition), caps.get(partition))
+            self.metrics.batch_size.labels("join").observe(len(events))
+            await asyncio.shield(self._commit(out, self.parts.values()))
+
+    async def sweep(self) -> None:
+        async with self._lock:
+            now = time.time() * 1000.0
+            out = Outputs()
+            caps = await self._reward_caps()
+            for partition, part in self.parts.items():
+                self.core.fire(part, now, out, None, caps.get(partition))
+            await asyncio.shield(self._commit(out, self.parts.values()))
+            retention_ms = self.options.done_retention_s * 1000.0
+            for part in self.parts.values():
+                part.purge_done(now, retention_ms, self.options.purge_scan)
+            self._report_lag()
+
+    async def _reward_caps(self) -> dict[int, int]:
+        """Partitions whose rewards are read behind the end: how far (producer time).
+
+        The end is the highwater carried by fetch responses (right on every broker); a
+        partition none of whose rewards were handled yet counts as caught up when the
+        consumer's position is at that end and nothing was handed to the stream.
+        """
+        consumer = self.app.consumer
+        rewards = self.topics.rewards
+        caps: dict[int, int] = {}
+        for partition, part in self.parts.items():
+            tp = TP(rewards, partition)
+            try:
+                highwater = consumer.highwater(tp)
+            except Exception:  # not assigned (any more), not fetched yet
+                highwater = None
+            position = self.positions.get((rewards, partition))
+            if highwater is not None and position is None and consumer._read_offset.get(tp) is None:
+                try:
+                    fetched = await consumer.position(tp)
+                except Exception:
+                    fetched = None
+                if fetched is not None and fetched >= highwater:
+                    position = self.positions[(rewards, partition)] = fetched
+            if highwater is None or position is None or position < highwater:
+                caps[partition] = part.rewards_read
+        return caps
+
+    # -- emitting and persisting ---------------------------------------------------------
+
+    async def _commit(self, out: Outputs, parts: Iterable[PartitionState]) -> None:
+        """Emit, then changelog, then local state: the order that can duplicate, never lose."""
+        loop = asyncio.get_running_loop()
+        producer, updates_topic, encode = self.producer, self.topics.updates, self.update_serde.encode
+        for shard, record in out.updates:
+            producer.send_raw(updates_topic, encode(record), key=shard)
+        for dead in out.dead:
+            value, error = dead.value, dead.error
+            if value is not None and len(value) > MAX_DEAD_LETTER_VALUE:  # keep the dead letter itself producible
+                value = value[:MAX_DEAD_LETTER_VALUE]
+            self.deadletters.send(
+                source_topic=dead.topic, partition=dead.partition, offset=dead.offset,
+                key=dead.key, value=value, error=error,
+                reason=dead.reason or reason_of(dead.error),
+            )  # fmt: skip
+        if out.updates or out.dead:
+            await loop.run_in_executor(None, producer.flush)
+        self._count(out)
+
+        changes = [(part, part.changes()) for part in parts]
+        changes = [(part, items) for part, items in changes if items]
+        if not changes:
+            return
+        topic = self.changelog_topic
+        last: dict[int, int] = {}
+        failures: list[Any] = []
+
+        def delivered(error, message) -> None:
+            if error is not None:
+                failures.append(error)
+            else:
+                p = message.partition()
+                if message.offset() > last.get(p, -1):
+                    last[p] = message.offset()
+
+        clog = self.changelog_producer
+        for part, items in changes:
+            for key, value in items:
+                _produce(clog, topic, key, value, part.partition, delivered)
+        await loop.run_in_executor(None, clog.flush)
+        if not self.profile.trusts_queried_end_offsets:
+            for part, _ in changes:
+                _produce(clog, topic, FENCE_KEY, None, part.partition, delivered)
+            await loop.run_in_executor(None, clog.flush)
+        if failures or len(last) < len(changes):
+            raise RuntimeError(f"changelog writes failed: {failures[:1] or 'not delivered'}")
+
+        from rocksdict import WriteBatch
+
+        store = self._store()
+        for part, items in changes:
+            batch = WriteBatch(raw_mode=True)
+            for key, value in items:
+                if value is None:
+                    batch.delete(key)
+                else:
+                    batch.put(key, value)
+            part.db.write(batch)
+            store.set_persisted_offset(TP(topic, part.partition), last[part.partition])
+
+    def _count(self, out: Outputs) -> None:
+        metrics = self.metrics
+        for _, record in out.updates:
+            metrics.joins.labels(record["join_status"]).inc()
+        for kind, n in out.duplicates.items():
+            metrics.duplicates.labels("join", kind).inc(n)
+        if out.late_rewards:
+            metrics.late_rewards.inc(out.late_rewards)
+
+    def _report_lag(self) -> None:
+        consumer = self.app.consumer
+        for (topic, partition), position in list(self.positions.items()):
+            try:
+                highwater = consumer.highwater(TP(topic, partition))
+            except Exception:  # not fetched yet, or revoked meanwhile
+                continue
+            if highwater is not None and highwater >= 0:
+                self.metrics.consumer_lag.labels(topic, str(partition)).set(max(0, highwater - position))
+
+    def _fence_existing_changelog(self) -> None:
+        """Close the changelog with one-record batches before faust reads its end offsets."""
+        topic = self.changelog_topic
+        try:
+            # all topics: asking for one by name can make a broker auto-create it
+            metadata = AdminClient(self.config.kafka.client_config()).list_topics(timeout=10)
+        except KafkaException:
+            return
+        info = metadata.topics.get(topic)
+        if info is None or info.error is not None:
+            return
+        for partition in info.partitions:
+            _produce(self.changelog_producer, topic, FENCE_KEY, None, partition, None)
+            self.changelog_producer.flush(10)
+
+
+def _produce(producer: Producer, topic: str, key: bytes, value: bytes | None, partition: int, callback) -> None:
+    while True:
+        try:
+            producer.produce(topic, key=key, value=value, partition=partition, on_delivery=callback)
+            return
+        except BufferError:
+            producer.poll(0.05)

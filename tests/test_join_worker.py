@@ -1,0 +1,355 @@
+"""The join worker against the real broker: decisions + rewards in, one UpdateEvent each out.
+
+Traffic is produced live (timestamps are the wall clock, as services would stamp them) at
+a pace the worker keeps up with, so which rewards are on time is decided by the test's
+construction, not by scheduling: on-time rewards come at most 0.8 s after their decision
+(window 3 s), late ones carry a timestamp past the window or come after their decision's
+UpdateEvent was read back.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import signal
+import time
+import urllib.request
+from collections import Counter, defaultdict
+
+import pytest
+from confluent_kafka import Consumer, TopicPartition
+
+from learner.domain import DomainSettings
+from learner.features import FeatureEncoder
+from streams.join import MAX_DEAD_LETTER_VALUE
+from streams.serde import AvroSerde
+from streams.topics import ensure_topics
+from tests import join_helpers as H
+
+WINDOW_S = 3.0
+
+
+def _domains(window_s: float = WINDOW_S, **changes) -> dict:
+    domains = {name: {**d, "reward": {**d["reward"], "window_s": window_s}} for name, d in H.DOMAINS.items()}
+    for name, features in changes.items():
+        domains[name] = {**domains[name], "features": {**domains[name]["features"], **features}}
+    return domains
+
+
+def _metric(port: int, name: str, labels: str = "") -> float:
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(name + ("{" if labels else "")) and labels in line:
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def _deadletters(kafka, topics, expect: int, check=None) -> list[dict]:
+    return [record for _, record in H.read_topic(kafka, topics.deadletter, "deadletter", expect=expect, idle_s=2.0,
+                                                 timeout_s=60, check=check)]
+
+
+class Workload:
+    """Live traffic over several domains: rewards for a subset (several per decision, some
+    duplicated, some before their decision), late rewards, duplicated and shadow decisions."""
+
+    def __init__(self, kafka, topics, n: int, *, seed: int = 11, rate: float = 2000.0):
+        self.kafka, self.topics, self.n, self.rate = kafka, topics, n, rate
+        self.rng = random.Random(seed)
+        self.sender = H.Sender(kafka, topics)
+        self.decisions: dict[str, dict] = {}
+        self.on_time: dict[str, dict[str, dict]] = defaultdict(dict)  # event_id -> reward_id -> reward
+        self.late: set[tuple[str, str]] = set()
+
+    def run(self) -> None:
+        rng, domains = self.rng, list(H.DOMAINS)
+        held: list[tuple[float, dict]] = []  # decisions whose rewards go first
+        start = time.monotonic()
+        for i in range(self.n):
+            # pace: i decisions by now
+            ahead = i / self.rate - (time.monotonic() - start)
+            if ahead > 0:
+                time.sleep(ahead)
+            now = H.now_ms()
+            domain = domains[i % len(domains)]
+            event_id = f"{domain}-{i:06d}"
+            mode = "shadow" if i % 17 == 0 else ("off" if i % 53 == 0 else "live")
+            d = H.decision(event_id, domain, rng, now, mode=mode)
+            self.decisions[event_id] = d
+            kind = rng.random()
+            rewards = []
+            if kind < 0.55:  # rewarded: 1-3 rewards within the window
+                for j in range(rng.randint(1, 3)):
+                    rewards.append(H.reward(event_id, f"{event_id}-r{j}", domain, rng, now + rng.randint(20, 800)))
+            early = 0.55 <= kind < 0.60
+            if early:
+                rewards = [H.reward(event_id, f"{event_id}-e0", domain, rng, now + 100)]
+            if early:
+                for r in rewards:
+                    self.sender.reward(r)
+                    self.on_time[event_id][r["reward_id"]] = r
+                held.append((time.monotonic() + 0.5, d))
+            else:
+                self.sender.decision(d)
+                if i % 97 == 0:
+                    self.sender.decision(d)  # a duplicate decision
+                for r in rewards:
+                    self.sender.reward(r)
+                    self.on_time[event_id][r["reward_id"]] = r
+                    if rng.random() < 0.1:
+                        self.sender.reward(r)  # a duplicate reward
+                if 0.60 <= kind < 0.63:  # stamped after the window closed
+                    late = H.reward(event_id, f"{event_id}-late", domain, rng, now + int(WINDOW_S * 1000) + 1000)
+                    self.sender.reward(late)
+                    self.late.add((event_id, late["reward_id"]))
+            while held and held[0][0] <= time.monotonic():
+                self.sender.decision(held.pop(0)[1])
+        for _, d in held:
+            self.sender.decision(d)
+        self.sender.flush()
+
+    def send_after_join(self, event_ids: list[str]) -> None:
+        """Rewards for decisions already emitted: timestamps inside the window, but too late."""
+        for event_id in event_ids:
+            d = self.decisions[event_id]
+            late = H.reward(event_id, f"{event_id}-after", d["domain"], self.rng, d["timestamp"] + 500)
+            self.sender.reward(late)
+            self.late.add((event_id, late["reward_id"]))
+        self.sender.flush()
+
+    def expected(self, event_id: str) -> dict:
+        d = self.decisions[event_id]
+        engine = DomainSettings.model_validate(_domains()[d["domain"]]).reward_engine()
+        rewards = list(self.on_time.get(event_id, {}).values())
+        reward, signals, count = engine.aggregate(rewards)
+        return {"reward": reward, "signals": signals, "reward_count": count,
+                "join_status": "rewarded" if rewards else "default",
+                "reward_time": max((r["timestamp"] for r in rewards), default=None)}
+
+
+def test_every_decision_yields_exactly_one_update_with_the_right_aggregate(kafka, topics, tmp_path):
+    ensure_topics(kafka, topics)
+    port = H.free_port()
+    config = H.settings(kafka, topics, tmp_path / "state", domains=_domains(), metrics_port=port).worker_config()
+    work = Workload(kafka, topics, 50_000)
+    with H.JoinThread(config) as worker:
+        work.run()
+        updates = H.read_topic(kafka, topics.updates, "update", expect=len(work.decisions), idle_s=WINDOW_S + 2,
+                               timeout_s=240, check=worker.check)
+        work.send_after_join(sorted(work.decisions)[:300])
+        dead = _deadletters(kafka, topics, expect=len(work.late), check=worker.check)
+        joins = {s: _metric(port, "banditstream_joins_total", f'status="{s}"') for s in ("rewarded", "default")}
+        late_metric = _metric(port, "banditstream_late_rewards_total")
+        duplicate_metric = _metric(port, "banditstream_duplicates_total")
+
+    counts = H.by_event_id(updates)
+    assert set(counts) == set(work.decisions)
+    assert max(counts.values()) == 1, [e for e, c in counts.items() if c > 1][:5]
+
+    encoders = {name: FeatureEncoder(DomainSettings.model_validate(d).features) for name, d in _domains().items()}
+    statuses = Counter()
+    for key, update in updates:
+        d = work.decisions[update["event_id"]]
+        want = work.expected(update["event_id"])
+        statuses[update["join_status"]] += 1
+        assert update["join_status"] == want["join_status"], update["event_id"]
+        assert update["reward_count"] == want["reward_count"], update["event_id"]
+        assert math.isclose(update["reward"], want["reward"], rel_tol=0, abs_tol=1e-9), update["event_id"]
+        assert update["signals"] == pytest.approx(want["signals"], abs=1e-12)
+        assert update["reward_time"] == want["reward_time"]
+        assert update["decision_time"] == d["timestamp"]
+        assert update["mode"] == d["mode"]
+        chosen = d["chosen"]
+        assert (update["arm"], update["arm_index"]) == (d["actions"][chosen]["id"], chosen)
+        assert update["probability"] == d["probabilities"][chosen]
+        assert update["actions"] == [a["id"] for a in d["actions"]]
+        assert update["policy_version"] == "1.2.3"
+        settings = DomainSettings.model_validate(_domains()[d["domain"]])
+        assert update["feature_hash"] == settings.features.config_hash()
+        assert len(update["features"]) == settings.features.dimension and update["features"][0] == 1.0
+        if not settings.features.normalize:  # normalised features depend on the partition's history
+            assert update["features"] == encoders[d["domain"]].acted_matrix([d])[0].tolist()
+        shared = d["domain"] == "ranker"
+        assert key.decode() == (f"default/main/{d['domain']}" if shared else f"default/main/{d['domain']}/{update['arm']}")
+    assert statuses["rewarded"] > 20_000 and statuses["default"] > 15_000
+    assert sum(1 for _, u in updates if u["mode"] == "shadow") > 2000
+
+    late = {(r["source_topic"], r["reason"]) for r in dead}
+    assert late == {(topics.rewards, "late_reward")}
+    reward_serde = AvroSerde("reward", framing="single_object")
+    got_late = Counter((e["event_id"], e["reward_id"]) for e in (reward_serde.decode(r["value"]) for r in dead))
+    assert set(got_late) == work.late and max(got_late.values()) == 1
+    assert joins == {"rewarded": statuses["rewarded"], "default": statuses["default"]}
+    assert late_metric == len(work.late)
+    assert duplicate_metric > 0
+
+
+def test_kill_9_mid_run_then_restart_loses_no_decision(kafka, topics, tmp_path):
+    ensure_topics(kafka, topics)
+    config_path = H.write_config(tmp_path / "join.json", _domains())
+    env = H.process_env(kafka, topics, tmp_path / "state", H.free_port())
+    log = tmp_path / "join.log"
+    work = Workload(kafka, topics, 12_000, seed=5, rate=1500.0)
+    worker = H.join_process(config_path, env, log)
+    try:
+        consumer = Consumer(kafka.consumer_config(f"watch-{topics.updates}"))
+        consumer.subscribe([topics.updates])
+        produced = __import__("threading").Thread(target=work.run)
+        produced.start()
+        seen = 0
+        deadline = time.monotonic() + 120
+        while seen < 4000 and time.monotonic() < deadline:  # kill once it has joined a good part
+            seen += sum(1 for m in consumer.consume(1000, 0.5) if m.error() is None)
+            assert worker.poll() is None, log.read_text()[-3000:]
+        consumer.close()
+        assert seen >= 4000, log.read_text()[-3000:]
+        worker.send_signal(signal.SIGKILL)
+        assert worker.wait(10) == -signal.SIGKILL
+        time.sleep(1.0)
+        worker = H.join_process(config_path, env, log)
+        produced.join()
+        updates = H.read_topic(kafka, topics.updates, "update", expect=len(work.decisions), idle_s=WINDOW_S + 2,
+                               timeout_s=240)
+        assert worker.poll() is None, log.read_text()[-3000:]
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        code = worker.wait(60)
+    assert code == 0, log.read_text()[-3000:]
+    counts = H.by_event_id(updates)
+    assert set(counts) == set(work.decisions)  # none lost; duplicates removed by event_id
+    latest = {u["event_id"]: u for _, u in updates}
+    for event_id, update in latest.items():
+        want = work.expected(event_id)
+        assert update["join_status"] == want["join_status"] and update["reward_count"] == want["reward_count"], event_id
+        assert math.isclose(update["reward"], want["reward"], abs_tol=1e-9), event_id
+
+
+def test_bad_records_are_dead_lettered_with_their_reason_and_good_ones_joined(kafka, topics, tmp_path):
+    ensure_topics(kafka, topics)
+    config = H.settings(kafka, topics, tmp_path / "state", domains=_domains(1.0, routing={"vector_dim": 4})).worker_config()
+    rng = random.Random(3)
+    sender = H.Sender(kafka, topics)
+    serde = sender.decisions
+    now = H.now_ms()
+
+    def good(i):
+        d = H.decision(f"good-{i}", "prompts", rng, now)
+        sender.decision(d)
+        return d["event_id"]
+
+    def variant(event_id, **changes):
+        d = H.decision(event_id, "routing", rng, now)
+        d["context"]["vector"] = [0.1, 0.2, 0.3, 0.4]
+        for path, value in changes.items():
+            if path == "nan":
+                d["context"]["numeric"]["f1"] = float("nan")
+            else:
+                d[path] = value
+        return d
+
+    valid = serde.encode(variant("v"))
+    wrong_dim = variant("bad-dim")
+    wrong_dim["context"]["vector"] = [0.1, 0.2, 0.3]
+    corpus = {
+        "truncated": valid[: len(valid) // 2],
+        "unknown_schema_id": b"\x00\x00\x00\x27\x0f" + valid[10:],
+        "unknown_framing": b"\x07not an avro event",
+        "non_finite_feature": serde.encode(variant("bad-nan", nan=True)),
+        "wrong_dimension": serde.encode(wrong_dim),
+        "chosen_out_of_range": serde.encode(variant("bad-chosen", chosen=7)),
+        "probabilities_do_not_sum_to_one": serde.encode({**variant("bad-probs"), "probabilities": [0.5] * 4}),
+        "missing_event_id": serde.encode(variant("")),
+        "unknown_domain": serde.encode({**variant("bad-domain"), "domain": "nowhere"}),
+        "oversize": serde.encode({**variant("bad-size"), "policy_version": "x" * 1_000_100}),
+    }
+    good_ids = [good(0)]
+    for i, (reason, payload) in enumerate(corpus.items()):
+        sender.raw(topics.decisions, f"bad-{i}", payload)
+        good_ids.append(good(i + 1))
+    broken_reward = AvroSerde("reward", framing="single_object").encode(H.reward("good-0", "r", "prompts", rng, now))[:-3]
+    sender.raw(topics.rewards, "good-0", broken_reward)
+    sender.flush()
+
+    with H.JoinThread(config) as worker:
+        updates = H.read_topic(kafka, topics.updates, "update", expect=len(good_ids), idle_s=2, timeout_s=90,
+                               check=worker.check)
+        dead = _deadletters(kafka, topics, expect=len(corpus) + 1, check=worker.check)
+
+    assert sorted(u["event_id"] for _, u in updates) == sorted(good_ids)
+    assert len(dead) == len(corpus) + 1
+    kept = MAX_DEAD_LETTER_VALUE
+    by_value = {r["value"]: r for r in dead}
+    for reason, payload in corpus.items():
+        record = by_value.get(payload if len(payload) <= kept else payload[:kept])  # an oversize one keeps its head
+        assert record is not None, f"no dead letter for the {reason} record"
+        assert record["reason"] == reason, (reason, record["message"])
+        assert record["source_topic"] == topics.decisions and record["worker"] == "join"
+        assert record["error_class"] and record["message"]
+    assert by_value[broken_reward]["reason"] == "truncated"
+    assert by_value[broken_reward]["source_topic"] == topics.rewards
+    where = {(r["source_partition"], r["source_offset"]) for r in dead if r["source_topic"] == topics.decisions}
+    assert len(where) == len(corpus)  # each points at its own record
+
+
+def test_default_rewards_fire_from_the_wall_clock_when_traffic_stops(kafka, topics, tmp_path):
+    ensure_topics(kafka, topics)
+    config = H.settings(kafka, topics, tmp_path / "state", domains=_domains(2.0)).worker_config()
+    rng = random.Random(4)
+    with H.JoinThread(config) as worker:
+        time.sleep(3.0)  # the worker has its partitions; then a burst, then silence
+        sender = H.Sender(kafka, topics)
+        sent = {}
+        for i in range(300):
+            d = H.decision(f"quiet-{i}", list(H.DOMAINS)[i % 3], rng, H.now_ms())
+            sender.decision(d)
+            sent[d["event_id"]] = d
+        sender.flush()
+        consumer = Consumer(kafka.consumer_config(f"quiet-{topics.updates}"))
+        consumer.subscribe([topics.updates])
+        serde = AvroSerde("update", framing="single_object")
+        arrived = {}
+        deadline = time.monotonic() + 30
+        while len(arrived) < len(sent) and time.monotonic() < deadline:
+            for m in consumer.consume(500, 0.5):
+                if m.error() is None:
+                    update = serde.decode(m.value())
+                    arrived[update["event_id"]] = (update, m.timestamp()[1])
+            worker.check()
+        consumer.close()
+    assert set(arrived) == set(sent)
+    for event_id, (update, produced_at) in arrived.items():
+        assert update["join_status"] == "default" and update["reward_count"] == 0
+        default = DomainSettings.model_validate(_domains(2.0)[sent[event_id]["domain"]]).reward.default_reward
+        assert update["reward"] == default
+        waited = produced_at - update["decision_time"]
+        assert 2000 - 50 <= waited <= 2000 + 3000, waited  # after the window, by the sweeper
+
+
+def test_sigterm_is_graceful_exits_0_and_commits(kafka, topics, tmp_path):
+    ensure_topics(kafka, topics)
+    config_path = H.write_config(tmp_path / "join.json", _domains(1.0))
+    env = H.process_env(kafka, topics, tmp_path / "state", H.free_port())
+    log = tmp_path / "join.log"
+    rng = random.Random(9)
+    sender = H.Sender(kafka, topics)
+    for i in range(500):
+        d = H.decision(f"term-{i}", "routing", rng, H.now_ms())
+        sender.decision(d)
+        sender.reward(H.reward(d["event_id"], "r", "routing", rng, d["timestamp"] + 10))
+    sender.flush()
+    worker = H.join_process(config_path, env, log)
+    try:
+        updates = H.read_topic(kafka, topics.updates, "update", expect=500, idle_s=1.0, timeout_s=90)
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        code = worker.wait(60)
+    assert code == 0, log.read_text()[-3000:]
+    assert len(H.by_event_id(updates)) == 500
+    assert "Traceback" not in log.read_text()
+    # what it read was committed on the way out: a restart would not read it again
+    group = f"banditstream-join.{topics.decisions}"
+    probe = Consumer(kafka.consumer_config(group))
+    committed = probe.committed([TopicPartition(topics.decisions, p) for p in range(topics.partitions)], timeout=10)
+    probe.close()
+    assert sum(tp.offset for tp in committed if tp.offset > 0) == 500
