@@ -285,10 +285,13 @@ class SnapshotClient:
         heads = [e for e in targets if self.channel in e.channels]
         if not heads:
             raise SnapshotNotFound(f"{self.prefix} has no {self.channel} snapshot", subject=self.prefix)
-        entry = max(heads, key=lambda e: e.version)
-        info = updater.get_targetinfo(entry.path)  # the trusted set agrees on this target
-        if info is None or info.hashes.get("sha256") != entry.sha256 or info.length != entry.length:
-            raise MetadataFormatError(f"{self.prefix}: {entry.path} is not in the verified targets", subject=entry.path)
+        path = max(heads, key=lambda e: e.version).path
+        info = updater.get_targetinfo(path)  # from here on, only what the verified set says
+        if info is None:
+            raise MetadataFormatError(f"{self.prefix}: {path} is not in the verified targets", subject=path)
+        entry = TargetEntry.from_target(info)
+        if self.channel not in entry.channels:
+            raise MetadataFormatError(f"{self.prefix}: {path} does not head {self.channel} in the verified targets", subject=path)
         if entry.version.major != self.config.state_major or int(entry.custom.get("state_major", -1)) != self.config.state_major:
             raise MajorVersionError(
                 f"{self.prefix} {self.channel} is at {entry.version} (state major {entry.custom.get('state_major')}); "
