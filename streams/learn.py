@@ -11,7 +11,9 @@ The workflow, in the order a record meets it:
    carries a feature vector of another length than the domain's dimension, a ``feature_hash``
    other than the domain's (when not empty), a negative weight, or sits under another key than
    its shard key goes to the dead-letter topic with its reason and raw bytes. The worker never
-   stops for one record.
+   stops for one record. (Records read again after a restart are dead-lettered again unless
+   they lie before the group's committed offset: at-least-once, and a dead letter's key is
+   ``topic/partition/offset`` for readers that dedupe.)
 3. **Fold in offset-aligned blocks** (:mod:`streams._learn_shard`). Block ``k`` of a partition
    is every record with ``k*B <= offset < (k+1)*B`` (``B = options.block_size``). A complete
    block is deduplicated, grouped by domain and folded with one rank-k ``update_batch`` per
@@ -19,9 +21,10 @@ The workflow, in the order a record meets it:
    write batch (:meth:`learner.store.Shard.apply`). Nothing else is ever persisted, so the
    stored state is always "blocks 0..k folded, in order, from the prior", whatever polls,
    crashes and restarts did: floating-point sums, forgetting and refactorisation see the same
-   sequence, and a restart reproduces the uninterrupted run **bit for bit**. The trailing,
-   incomplete block is folded into scratch copies only when publishing; a restart re-reads it
-   (at most ``B - 1`` records per partition).
+   sequence, and a worker restarting on its own disk reproduces the uninterrupted run **bit
+   for bit**. A block is complete when its last offset, or any later one, was read (offsets
+   may have gaps). The trailing, incomplete block is folded into scratch copies only when
+   publishing; a restart re-reads it (at most ``B - 1`` records per partition).
 4. **Skip what is not learned as acted.** UpdateEvents whose ``mode`` is ``shadow`` or ``off``
    describe decisions the policy did not act on: they are counted
    (``banditstream_updates_not_learned{mode}``) and kept out of the posterior (they stay on
@@ -31,12 +34,13 @@ The workflow, in the order a record meets it:
    key, so the same partition). An update is a duplicate when its ``event_id`` was seen
    earlier in its block or in the ``window_blocks`` blocks before it
    (``options.dedupe_window`` records, rounded up to blocks); duplicates are counted
-   (``banditstream_duplicates{kind="update"}``) and skipped. The window is a function of the
-   log, not stored: on assignment the worker reads the window's records before the resume
-   offset again (they only fill the window). So the store holds models and offsets only, and
-   the decision is the same on every owner, including one that rebuilt the shard from the
-   posterior topic.
-6. **Publish.** Every ``options.emit_every_updates`` learned updates or
+   (``banditstream_duplicates{kind="update"}``, as their block is folded) and skipped; the
+   first copy wins. A copy further back than the window is learned again. The window is a
+   function of the log, not stored: on assignment the worker reads the window's records before
+   the resume offset again (they only fill the window). So the store holds models and offsets
+   only, bounded by the number of models, and the decision is the same on every owner,
+   including one that rebuilt the shard from the posterior topic.
+6. **Publish.** Every ``options.emit_every_updates`` valid updates read or
    ``options.emit_every_s`` seconds, on revocation and on shutdown, each changed model's
    PosteriorShard (trailing block included) goes to the compacted posterior topic under its
    shard key, **to the partition number of its updates partition**, with the watermark
@@ -48,12 +52,19 @@ The workflow, in the order a record meets it:
    window's start before the stored offset. If the local store lacks the shard (a new
    worker; in Kubernetes a pod whose volume never held it), or holds one older than the log's
    start, the shard is rebuilt from the posterior topic (:mod:`streams._learn_rebuild`): the
-   latest PosteriorShard per key, each model resuming at its own watermark. A stale local
-   shard (the partition lived elsewhere meanwhile) is still correct: the state at any offset
-   is a function of the log, so replaying from the stale offset recomputes it. On revocation
-   the worker publishes and commits before it lets go, so the next owner starts from both.
+   latest PosteriorShard per key, each model resuming at its own watermark. That is exact
+   (nothing lost or counted twice) but not bit for bit: the previous owner's trailing block is
+   cut where it published. A stale local shard (the partition lived elsewhere meanwhile) is
+   still correct: the state at any offset is a function of the log, so replaying from the
+   stale offset recomputes it. On revocation the worker publishes and commits before it lets
+   go, so the next owner starts from both. Each worker needs its own ``state_dir`` (a revoked
+   shard stays open until the new assignment shows whether it comes back).
 8. **Shut down** on SIGTERM/SIGINT (or ``stop``): finish the batch, publish, commit, close the
    consumer so the group rebalances at once, close the shards, exit 0.
+
+Options (:class:`LearnerOptions`) come from ``WorkerConfig.extra`` (its ``learn`` mapping);
+the configuration tree has no learner section yet, so ``banditstream learn`` runs with the
+defaults.
 
 Metrics (Prometheus, ``config.metrics_port``; 0 picks a free port, which is logged): records
 in, block sizes, apply latency (fold + state write per block), shards emitted, dead letters by
@@ -108,6 +119,7 @@ log = logging.getLogger("banditstream.learn")
 
 WORKER = "learn"
 _DEAD_LETTER_OVERHEAD = 64 << 10
+_MODEL_KEY_CACHE = 100_000
 
 
 # -- what the learner refuses beyond the boundary validator ----------------------------------
@@ -248,6 +260,7 @@ class Learner:
         self._dead_letter_from: dict[int, int] = {}
         self._publish_all: set[int] = set()  # shards whose next publication carries every model
         self._fed_since_publish = 0  # valid updates read since the last publication
+        self._model_keys: dict[tuple[str, str, str, str], tuple[ArmKey, bytes]] = {}
         self._last_publish = time.monotonic()
 
     # -- the loop --------------------------------------------------------------------------
@@ -333,7 +346,18 @@ class Learner:
         weight = record["weight"]
         if weight < 0:
             raise NegativeWeight("weight", weight, "importance weights must be >= 0")
-        tenant, workspace, arm = record["tenant"], record["workspace"], record["arm"]
+        ids = (record["tenant"], record["workspace"], domain, record["arm"])
+        known_key = self._model_keys.get(ids)
+        if known_key is None:
+            known_key = self._model_key(ids, model)
+        model_key, shard_key = known_key
+        if key != shard_key:
+            raise WrongShardKey("key", key, f"an update of this model is keyed {shard_key.decode()!r}")
+        return Update(offset, record["event_id"], model_key, features, record["reward"], weight, record["mode"])
+
+    def _model_key(self, ids: tuple[str, str, str, str], model: DomainModel) -> tuple[ArmKey, bytes]:
+        """The model an update of (tenant, workspace, domain, arm) folds into, and its shard key."""
+        tenant, workspace, domain, arm = ids
         for name, value in (("tenant", tenant), ("workspace", workspace)):
             if not value or "\x00" in value:
                 raise InvalidId(name, value, "must be non-empty and free of NUL")
@@ -345,10 +369,10 @@ class Learner:
             raise MissingArm("arm", arm, f"domain {domain!r} keeps one model per arm and needs the acted arm's id")
         else:
             model_key = ArmKey(tenant, workspace, domain, arm)
-        expected = str(model_key)
-        if key is None or key != expected.encode():
-            raise WrongShardKey("key", key, f"an update of this model is keyed {expected!r}")
-        return Update(offset, record["event_id"], model_key, features, record["reward"], weight, record["mode"])
+        if len(self._model_keys) >= _MODEL_KEY_CACHE:
+            self._model_keys.clear()
+        known = self._model_keys[ids] = (model_key, str(model_key).encode())
+        return known
 
     def _dead_letter(self, message: Message, error: Exception) -> None:
         partition = message.partition()
@@ -399,7 +423,7 @@ class Learner:
             if partition in self._publish_all:
                 keys.update(shard.keys())
             watermark = shard.position
-            for model in shard.snapshot(sorted(keys)):
+            for model in shard.snapshot(sorted(keys)) if keys else ():
                 key, state, drift = model
                 record = {
                     "tenant": key.tenant,
@@ -556,7 +580,7 @@ class Learner:
             r = p.record
             shard.load_published(key, r["policy"], r["dimension"], r["feature_hash"], r["state"])
         log.info(
-            "shard %d: rebuilt %d models from %s, resuming at offset %d",
+            "shard %d: not in the local store; rebuilt %d models from %s, resuming at offset %d",
             partition, len(usable), self.config.topics.posterior, start,
         )  # fmt: skip
         return shard
@@ -574,6 +598,7 @@ class Learner:
                 self._publish(list(self._shards), sync_commit=True)
                 self._consumer = None
                 consumer.close()  # leaves the group: the others rebalance at once
+                log.info("stopped: published, committed and left the group")
         finally:
             for shard in [*self._shards.values(), *self._parked.values()]:
                 self._close(shard)

@@ -78,11 +78,11 @@ def start_learner(config_path: Path, log_path: Path) -> subprocess.Popen:
     """``python -m banditstream.cli learn`` in its own process, output to ``log_path``."""
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     env = {k: v for k, v in env.items() if not k.startswith("BANDITSTREAM_")}
-    log = open(log_path, "ab")
-    return subprocess.Popen(
-        [sys.executable, "-m", "banditstream.cli", "--config", str(config_path), "learn"],
-        cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
-    )  # fmt: skip
+    with open(log_path, "ab") as log:
+        return subprocess.Popen(
+            [sys.executable, "-m", "banditstream.cli", "--config", str(config_path), "learn"],
+            cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
+        )  # fmt: skip
 
 
 # -- updates ---------------------------------------------------------------------------------
