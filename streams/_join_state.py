@@ -30,7 +30,9 @@ time, not by how fast it is read); when they stop, ``W`` moves on with the wall 
 the sweeper fires default rewards. A deadline fires when ``W >= deadline``. Only decisions
 drive it: a reward's timestamp is another system's clock and a reward from the future must
 not close every window of its partition (decision times are capped at wall clock +
-``max_clock_skew_s`` for the same reason). While the partition's rewards are read behind
+``max_clock_skew_s`` for the same reason). The wall clock only carries ``W`` while the
+partition's decisions are read to their end (decisions still to read carry it otherwise:
+a worker that lags must not expire windows by the wall clock). While its rewards are read behind
 its decisions (a backlog after a restart: faust hands over whole fetches per topic), ``W``
 is also capped at the producer time of the newest reward read, so a window never closes
 before the rewards produced inside it have been read.
@@ -86,7 +88,9 @@ class JoinOptions:
     max_waiting_events: int = 100_000
     #: How long a finalised decision is remembered (duplicates and replays), seconds.
     done_retention_s: float = 900.0
-    #: Keys the purge looks at per sweep and partition (bounded work per tick).
+    #: How often old done markers are purged, seconds; each purge looks at ``purge_scan``
+    #: keys per partition at most (bounded work per tick), continuing where the last stopped.
+    purge_interval_s: float = 10.0
     purge_scan: int = 20_000
     #: A decision timestamp further than this ahead of the wall clock moves the clock only
     #: this far (a producer with a wrong clock must not expire a partition's windows).
@@ -223,16 +227,20 @@ class PartitionState:
 
     # -- clock ---------------------------------------------------------------------------
 
-    def advance(self, max_ts: int | None, now_wall_ms: float, cap: int | None = None) -> int:
+    def advance(self, max_ts: int | None, now_wall_ms: float, cap: int | None = None, idle: bool = True) -> int:
         """Move the watermark by event time when decisions came (``max_ts``: the newest
-        decision time of the batch), else by wall time since the last decision; never past
-        ``cap`` (how far the rewards partition has been read, while it lags)."""
+        decision time of the batch), else - if the decisions partition is read to its end
+        (``idle``) - by wall time since the last decision; never past ``cap`` (how far the
+        rewards partition has been read, while it lags)."""
         if max_ts is not None:
             candidate = max_ts
             self._anchor_wall = now_wall_ms
             self._anchor_ts = max(self._anchor_ts, max_ts)
-        else:
+        elif idle:
             candidate = self._anchor_ts + int(now_wall_ms - self._anchor_wall)
+        else:
+            candidate = self._anchor_ts
+            self._anchor_wall = now_wall_ms
         if cap is not None and candidate > cap:
             candidate = cap
         if candidate > self.watermark:
@@ -401,9 +409,9 @@ class JoinCore:
     # -- deadlines -----------------------------------------------------------------------
 
     def fire(self, part: PartitionState, now_wall_ms: float, out: Outputs, max_ts: int | None = None,
-             cap: int | None = None) -> None:
+             cap: int | None = None, idle: bool = True) -> None:
         """Advance the partition's clock and finalise everything now due."""
-        watermark = part.advance(max_ts, now_wall_ms, cap)
+        watermark = part.advance(max_ts, now_wall_ms, cap, idle)
         heap = part.heap
         done_at = int(now_wall_ms)
         while heap and heap[0][0] <= watermark:

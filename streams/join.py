@@ -117,6 +117,7 @@ class JoinWorker:
         self.positions: dict[tuple[str, int], int] = {}
         self._lock = asyncio.Lock()
         self._stop: threading.Event | None = None
+        self._next_purge = 0.0
         self.worker: _Worker | None = None
         self.app = self._build_app()
 
@@ -288,9 +289,9 @@ class JoinWorker:
                     out.dead.append(source)
             for topic, n in counts.items():
                 self.metrics.records_in.labels("join", topic).inc(n)
-            caps = await self._reward_caps()
+            caps, busy = await self._clocks()
             for partition, part in self.parts.items():
-                core.fire(part, now, out, max_ts.get(partition), caps.get(partition))
+                core.fire(part, now, out, max_ts.get(partition), caps.get(partition), partition not in busy)
             self.metrics.batch_size.labels("join").observe(len(events))
             await asyncio.shield(self._commit(out, self.parts.values()))
 
@@ -298,42 +299,58 @@ class JoinWorker:
         async with self._lock:
             now = time.time() * 1000.0
             out = Outputs()
-            caps = await self._reward_caps()
+            caps, busy = await self._clocks()
             for partition, part in self.parts.items():
-                self.core.fire(part, now, out, None, caps.get(partition))
+                self.core.fire(part, now, out, None, caps.get(partition), partition not in busy)
             await asyncio.shield(self._commit(out, self.parts.values()))
-            retention_ms = self.options.done_retention_s * 1000.0
-            for part in self.parts.values():
-                part.purge_done(now, retention_ms, self.options.purge_scan)
+            if time.monotonic() >= self._next_purge:
+                self._next_purge = time.monotonic() + self.options.purge_interval_s
+                retention_ms = self.options.done_retention_s * 1000.0
+                for part in self.parts.values():
+                    part.purge_done(now, retention_ms, self.options.purge_scan)
             self._report_lag()
 
-    async def _reward_caps(self) -> dict[int, int]:
-        """Partitions whose rewards are read behind the end: how far (producer time).
+    async def _clocks(self) -> tuple[dict[int, int], set[int]]:
+        """What bounds each partition's clock now.
 
-        The end is the highwater carried by fetch responses (right on every broker); a
-        partition none of whose rewards were handled yet counts as caught up when the
-        consumer's position is at that end and nothing was handed to the stream.
+        Returns ``(caps, busy)``: ``caps`` for partitions whose rewards are read behind the
+        end (how far, in producer time: the clock must not pass it), ``busy`` for partitions
+        whose decisions are read behind the end (their clock must not run on with the wall
+        clock; the decisions still to read carry it). The end is the highwater carried by
+        fetch responses, right on every broker.
+        """
+        caps: dict[int, int] = {}
+        busy: set[int] = set()
+        for partition, part in self.parts.items():
+            if await self._lagging(self.topics.rewards, partition):
+                caps[partition] = part.rewards_read
+            if await self._lagging(self.topics.decisions, partition):
+                busy.add(partition)
+        return caps, busy
+
+    async def _lagging(self, topic: str, partition: int) -> bool:
+        """Whether records of this partition are still to be handled (unknown: yes).
+
+        A partition none of whose records were handled yet is caught up when the consumer's
+        position is at the end and nothing was handed to the stream.
         """
         consumer = self.app.consumer
-        rewards = self.topics.rewards
-        caps: dict[int, int] = {}
-        for partition, part in self.parts.items():
-            tp = TP(rewards, partition)
+        tp = TP(topic, partition)
+        try:
+            highwater = consumer.highwater(tp)
+        except Exception:  # not assigned (any more), not fetched yet
+            return True
+        if highwater is None:
+            return True
+        position = self.positions.get((topic, partition))
+        if position is None and consumer._read_offset.get(tp) is None:
             try:
-                highwater = consumer.highwater(tp)
-            except Exception:  # not assigned (any more), not fetched yet
-                highwater = None
-            position = self.positions.get((rewards, partition))
-            if highwater is not None and position is None and consumer._read_offset.get(tp) is None:
-                try:
-                    fetched = await consumer.position(tp)
-                except Exception:
-                    fetched = None
-                if fetched is not None and fetched >= highwater:
-                    position = self.positions[(rewards, partition)] = fetched
-            if highwater is None or position is None or position < highwater:
-                caps[partition] = part.rewards_read
-        return caps
+                fetched = await consumer.position(tp)
+            except Exception:
+                fetched = None
+            if fetched is not None and fetched >= highwater:
+                position = self.positions[(topic, partition)] = fetched
+        return position is None or position < highwater
 
     # -- emitting and persisting ---------------------------------------------------------
 

@@ -61,6 +61,7 @@ class Workload:
         self.decisions: dict[str, dict] = {}
         self.on_time: dict[str, dict[str, dict]] = defaultdict(dict)  # event_id -> reward_id -> reward
         self.late: set[tuple[str, str]] = set()
+        self.early: set[str] = set()
 
     def run(self) -> None:
         rng, domains = self.rng, list(H.DOMAINS)
@@ -86,6 +87,7 @@ class Workload:
             if early:
                 rewards = [H.reward(event_id, f"{event_id}-e0", domain, rng, now + 100)]
             if early:
+                self.early.add(event_id)
                 for r in rewards:
                     self.sender.reward(r)
                     self.on_time[event_id][r["reward_id"]] = r
@@ -147,6 +149,10 @@ def test_every_decision_yields_exactly_one_update_with_the_right_aggregate(kafka
     assert set(counts) == set(work.decisions)
     assert max(counts.values()) == 1, [e for e, c in counts.items() if c > 1][:5]
 
+    bad = [(u["event_id"], u["event_id"] in work.early, u["join_status"], u["reward_count"], work.expected(u["event_id"])["reward_count"])
+           for _, u in updates if u["reward_count"] != work.expected(u["event_id"])["reward_count"]]
+    dl = Counter((r["reason"]) for r in dead)
+    assert not bad, (len(bad), sum(b[1] for b in bad), bad[:10], dl)
     encoders = {name: FeatureEncoder(DomainSettings.model_validate(d).features) for name, d in _domains().items()}
     statuses = Counter()
     for key, update in updates:
