@@ -9,11 +9,12 @@ The workflow, in the order a record meets it:
 2. **Decode and validate** in bulk. A record that does not decode, fails
    :meth:`~streams.validation.Validator.validate_update`, names a domain that is not configured,
    carries a feature vector of another length than the domain's dimension, a ``feature_hash``
-   other than the domain's (when not empty), a negative weight, or sits under another key than
-   its shard key goes to the dead-letter topic with its reason and raw bytes. The worker never
-   stops for one record. (Records read again after a restart are dead-lettered again unless
-   they lie before the group's committed offset: at-least-once, and a dead letter's key is
-   ``topic/partition/offset`` for readers that dedupe.)
+   other than the domain's (when not empty), a negative weight, a feature, reward or weight of
+   magnitude 1e100 or more (whose squares could overflow the statistics), or sits under
+   another key than its shard key goes to the dead-letter topic with its reason and raw
+   bytes. The worker never stops for one record. (Records read again after a restart are
+   dead-lettered again unless they lie before the group's committed offset: at-least-once,
+   and a dead letter's key is ``topic/partition/offset`` for readers that dedupe.)
 3. **Fold in offset-aligned blocks** (:mod:`streams._learn_shard`). Block ``k`` of a partition
    is every record with ``k*B <= offset < (k+1)*B`` (``B = options.block_size``). A complete
    block is deduplicated, grouped by domain and folded with one rank-k ``update_batch`` per
@@ -111,6 +112,7 @@ __all__ = [
     "LearnerOptions",
     "MissingArm",
     "NegativeWeight",
+    "ValueOutOfRange",
     "WrongShardKey",
     "run_learner",
 ]
@@ -120,6 +122,9 @@ log = logging.getLogger("banditstream.learn")
 WORKER = "learn"
 _DEAD_LETTER_OVERHEAD = 64 << 10
 _MODEL_KEY_CACHE = 100_000
+#: Bound on |feature|, |reward| and weight: squares and sums of many stay far from overflow,
+#: so one record can never make a model's statistics infinite (and every later block fail).
+_MAGNITUDE = 1e100
 
 
 # -- what the learner refuses beyond the boundary validator ----------------------------------
@@ -135,6 +140,12 @@ class NegativeWeight(ValidationError):
     """An importance weight below zero."""
 
     reason = "negative_weight"
+
+
+class ValueOutOfRange(ValidationError):
+    """A finite feature, reward or weight so large that the statistics it feeds could overflow."""
+
+    reason = "out_of_range"
 
 
 class MissingArm(ValidationError):
@@ -343,9 +354,15 @@ class Learner:
             raise FeatureHashMismatch(
                 "feature_hash", feature_hash, f"domain {domain!r} hashes features with configuration {model.feature_hash}"
             )
-        weight = record["weight"]
+        weight, reward = record["weight"], record["reward"]
         if weight < 0:
             raise NegativeWeight("weight", weight, "importance weights must be >= 0")
+        if not (-_MAGNITUDE < min(features) and max(features) < _MAGNITUDE):
+            worst = max(features, key=abs)
+            raise ValueOutOfRange("features", worst, f"magnitudes must stay below {_MAGNITUDE:g}")
+        for name, value in (("reward", reward), ("weight", weight)):
+            if not -_MAGNITUDE < value < _MAGNITUDE:
+                raise ValueOutOfRange(name, value, f"magnitudes must stay below {_MAGNITUDE:g}")
         ids = (record["tenant"], record["workspace"], domain, record["arm"])
         known_key = self._model_keys.get(ids)
         if known_key is None:
@@ -353,7 +370,7 @@ class Learner:
         model_key, shard_key = known_key
         if key != shard_key:
             raise WrongShardKey("key", key, f"an update of this model is keyed {shard_key.decode()!r}")
-        return Update(offset, record["event_id"], model_key, features, record["reward"], weight, record["mode"])
+        return Update(offset, record["event_id"], model_key, features, reward, weight, record["mode"])
 
     def _model_key(self, ids: tuple[str, str, str, str], model: DomainModel) -> tuple[ArmKey, bytes]:
         """The model an update of (tenant, workspace, domain, arm) folds into, and its shard key."""

@@ -231,6 +231,7 @@ def test_bad_records_are_dead_lettered_with_reasons_and_the_good_ones_learned(ka
         ("unknown_domain", "default/main/nope/gpt", serde.encode(bad(6, domain="nope"))),
         ("feature_hash_mismatch", h.shard_key(template), serde.encode(bad(7, feature_hash="0123456789abcdef"))),
         ("negative_weight", h.shard_key(template), serde.encode(bad(8, weight=-1.0))),
+        ("out_of_range", h.shard_key(template), serde.encode(bad(12, features=[1.0, -3e200] + [0.0] * 6))),
         ("wrong_shard_key", "default/main/route", serde.encode(bad(9))),
         ("chosen_out_of_range", h.shard_key(template), serde.encode(bad(10, actions=["a", "b"], probabilities=[0.5, 0.5], arm_index=7))),
         ("probabilities_do_not_sum_to_one", h.shard_key(template), serde.encode(bad(11, actions=["a", "b"], probabilities=[0.5, 0.2], arm_index=0))),
