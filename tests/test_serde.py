@@ -128,6 +128,16 @@ SAMPLES = {
         "worker": "join",
         "timestamp": 1_700_000_002_000,
     },
+    "snapshot": {
+        "tenant": "default", "workspace": "main", "domain": "llm_routing", "version": "1.0.3", "state_major": 1,
+        "policy": "lin_ts", "params_json": '{"dim":4}', "dimension": 4, "policy_state": b"BSPS\x01\x00",
+        "arms": [{"arm": "small", "prior_mean": 0.0, "prior_strength": 1.0, "count": 12, "cov_trace": 0.5,
+                  "spectral_norm": 13.0, "drifted": False}],
+        "feature_config_json": "{}", "feature_hash": "0123456789abcdef", "normalizer_json": None,
+        "reward_config_json": "{}", "reward_hash": "fedcba9876543210", "samples": 12, "drift_flag": False,
+        "drift_reason": "", "git_commit": "unknown", "created_at": 1_700_000_000_000,
+        "source_offsets": [{"topic": "bandit.updates", "partition": 0, "offset": 12}], "derived_from": None,
+    },  # fmt: skip
 }
 
 
