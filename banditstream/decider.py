@@ -69,6 +69,8 @@ class ActivePolicy:
     expires_at: float = math.inf
     drift_flag: bool = False
     created_at: float = field(default_factory=time.time)
+    #: updates the snapshot's state has learned from
+    samples: int = 0
 
 
 class SnapshotSource(Protocol):
@@ -76,6 +78,50 @@ class SnapshotSource(Protocol):
 
     def latest(self) -> ActivePolicy | None:
         """The newest verified snapshot; raises a typed error when verification fails."""
+
+
+class PulledSnapshots:
+    """A :class:`SnapshotSource` over the verifying pull client (``publisher.SnapshotClient``).
+
+    Every refresh runs the client's whole verification chain; the scoring objects are built
+    once per new version. At start-up, when the repository cannot be reached, the last good
+    snapshot in the client's cache is used (re-checked against its cached metadata) until it
+    expires.
+    """
+
+    def __init__(self, client: Any):
+        self.client = client
+        self._last: ActivePolicy | None = None
+        self._tried_cache = False
+
+    def latest(self) -> ActivePolicy | None:
+        try:
+            loaded = self.client.refresh()
+        except Exception:
+            if self._last is None and not self._tried_cache:  # start-up while unreachable
+                self._tried_cache = True
+                cached = self.client.load_cached()
+                if cached is not None:
+                    log.warning("repository unreachable at start-up: using cached snapshot %s", cached.version)
+                    self._last = self._active(cached)
+                    return self._last
+            raise  # the Decider counts it and keeps its last good snapshot
+        if self._last is None or self._last.version != loaded.version:
+            self._last = self._active(loaded)
+        return self._last
+
+    @staticmethod
+    def _active(loaded: Any) -> ActivePolicy:
+        snapshot = loaded.snapshot
+        return ActivePolicy(
+            version=snapshot.version,
+            policy=loaded.policy,
+            encoder=FeatureEncoder(snapshot.features(), snapshot.frozen_normalizer()),
+            expires_at=loaded.expires.timestamp(),
+            drift_flag=snapshot.drift_flag,
+            created_at=snapshot.created_at / 1000,
+            samples=int(getattr(snapshot, "samples", 0)),
+        )
 
 
 @dataclass(frozen=True)
@@ -198,6 +244,8 @@ class Decider:
         self._recent: OrderedDict[str, str] = OrderedDict()  # event_id -> acted arm, for cost tracking
         self._remember = remember_decisions
         self._active: ActivePolicy | None = None
+        if repository is not None and not hasattr(repository, "latest") and hasattr(repository, "refresh"):
+            repository = PulledSnapshots(repository)  # a publisher.SnapshotClient
         self._repository = repository
         self._emitter = None
         if kafka is not None:

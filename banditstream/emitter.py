@@ -45,7 +45,6 @@ def _unframe(body: bytes) -> tuple[str, bytes, bytes]:
 @dataclass
 class EmitterStats:
     sent: int = 0
-    delivered: int = 0
     spooled: int = 0
     drained: int = 0
     overflowed: int = 0
@@ -73,6 +72,9 @@ class EventEmitter:
         config = kafka.producer_config(
             **{
                 "message.timeout.ms": delivery_timeout_ms,
+                # only failures call back into Python: successful deliveries would make the
+                # emitter thread take the GIL once per event, stalling decide() in bursts
+                "delivery.report.only.error": True,
                 "queue.buffering.max.messages": 200_000,
                 "error_cb": self._on_error,
                 "log_level": 3,
@@ -130,7 +132,6 @@ class EventEmitter:
 
     def _delivered(self, error: KafkaError | None, message) -> None:
         if error is None:
-            self.stats.delivered += 1
             return
         log.debug("delivery failed (%s); spooling", error)
         self._online = False
@@ -167,7 +168,8 @@ class EventEmitter:
         """Send spooled records in order; commit the prefix the broker acknowledged."""
         while self.spool.depth and not self._stop.is_set():
             records = list(self.spool.peek(batch))
-            results: list[KafkaError | None | bool] = [False] * len(records)
+            # with delivery.report.only.error, only failures call back: None means delivered
+            results: list[KafkaError | None] = [None] * len(records)
 
             def done(index):
                 def callback(error, _message):
@@ -186,7 +188,8 @@ class EventEmitter:
                         break
                     except BufferError:
                         self._producer.poll(0.05)
-            self._producer.flush(30)
+            if self._producer.flush(30) > 0:
+                return  # outcome unknown for some: retry later (the join deduplicates by event_id)
             acknowledged = 0
             for result in results:
                 if result is None:
