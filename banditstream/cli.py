@@ -31,6 +31,10 @@ config_app = typer.Typer(no_args_is_help=True, help="The configuration tree.")
 app.add_typer(dev_app, name="dev")
 app.add_typer(topics_app, name="topics")
 app.add_typer(config_app, name="config")
+keys_app = typer.Typer(no_args_is_help=True, help="Ed25519 signing keys and the trusted root.")
+snapshot_app = typer.Typer(no_args_is_help=True, help="Signed, versioned snapshots in the repository.")
+app.add_typer(keys_app, name="keys")
+app.add_typer(snapshot_app, name="snapshot")
 
 console = Console()
 err_console = Console(stderr=True)
@@ -165,6 +169,193 @@ def learn() -> None:
 
     _one_blas_thread()
     run_learner(state.settings().worker_config())
+
+
+@app.command()
+def publish() -> None:
+    """Run the publisher worker: posterior shards -> guarded, signed, versioned snapshots."""
+    from publisher.worker import run_publisher
+
+    settings = state.settings()
+    run_publisher(settings.worker_config(), _publisher_settings(settings))
+
+
+def _store(settings: Settings):
+    from publisher.stores import open_store
+
+    return open_store(settings.stores.snapshots, s3=settings.s3_client_kwargs())
+
+
+def _publisher_config(settings: Settings):
+    from datetime import timedelta
+
+    from publisher.guards import GuardConfig
+    from publisher.publish import PublisherConfig
+    from publisher.repository import RepositoryConfig
+
+    p = settings.publish
+    return PublisherConfig(
+        repository=RepositoryConfig(keep_versions=p.keep_versions, timestamp_expiry=timedelta(seconds=p.timestamp_expiry_s)),
+        guards=GuardConfig(min_samples=p.min_samples, drift_factor=p.drift_factor, on_drift=p.on_drift),
+        channels=tuple(p.channels),
+    )
+
+
+def _publisher_settings(settings: Settings):
+    from publisher.cli_ops import load_keys
+    from publisher.worker import PublisherSettings
+
+    keys, root = load_keys(settings.publish.keys_dir)
+    return PublisherSettings(
+        store=_store(settings),
+        keys=keys,
+        root=root,
+        config=_publisher_config(settings),
+        every_updates=settings.publish.every_updates,
+        every_seconds=settings.publish.every_seconds,
+    )
+
+
+def _domain_list(domains: Optional[str]) -> Optional[list[str]]:
+    return [d for d in domains.split(",") if d] if domains else None
+
+
+def _rows_table(rows: list[dict], title: str, columns: list[str]) -> Table:
+    table = Table(*columns, title=title)
+    for row in rows:
+        table.add_row(*("" if row.get(c) is None else str(row.get(c)) for c in columns))
+    return table
+
+
+TENANT = typer.Option(None, "--tenant", help="Tenant (default: the config's).")
+WORKSPACE = typer.Option(None, "--workspace", help="Workspace (default: the config's).")
+DOMAINS = typer.Option(None, "--domains", help="Only these domains, comma-separated.")
+VERBOSE = typer.Option(False, "--verbose", help="More detail per row.")
+
+
+@keys_app.command("generate")
+def keys_generate(
+    directory: Optional[Path] = typer.Option(None, "--dir", help="Where to write them (default: publish.keys_dir)."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing root of trust."),
+) -> None:
+    """Generate root, targets, snapshot and timestamp keys and sign root.json."""
+    from publisher.cli_ops import generate_keys
+
+    report = generate_keys(directory or state.settings().publish.keys_dir, overwrite=overwrite)
+    table = Table("role", "key ids", "threshold", title=f"keys in {report.directory}")
+    for role, keyids in report.keyids.items():
+        table.add_row(role, ", ".join(k[:16] for k in keyids), str(report.thresholds[role]))
+    console.print(table)
+    console.print(f"trusted root: {report.root_file} (expires {report.root_expires:%Y-%m-%d}); keep the root key offline")
+
+
+@snapshot_app.command("list")
+def snapshot_list(tenant: Optional[str] = TENANT, workspace: Optional[str] = WORKSPACE, domains: Optional[str] = DOMAINS, verbose: bool = VERBOSE) -> None:
+    """Every kept version per domain, newest last."""
+    from publisher.cli_ops import list_snapshots
+
+    settings = state.settings()
+    rows = list_snapshots(_store(settings), tenant=tenant, workspace=workspace, domains=_domain_list(domains), verbose=verbose)
+    columns = list(rows[0]) if rows else ["domain", "version"]
+    console.print(_rows_table(rows, "snapshots", columns))
+
+
+@snapshot_app.command("verify")
+def snapshot_verify(tenant: Optional[str] = TENANT, workspace: Optional[str] = WORKSPACE, domains: Optional[str] = DOMAINS, verbose: bool = VERBOSE) -> None:
+    """Verify every repository as a fresh client would, then every kept blob; exit 1 on any failure."""
+    from publisher.cli_ops import verify_snapshots
+
+    settings = state.settings()
+    rows = verify_snapshots(
+        _store(settings), settings.trusted_root_path, tenant=tenant, workspace=workspace, domains=_domain_list(domains), verbose=verbose
+    )
+    console.print(_rows_table(rows, "verification", ["domain", "check", "ok", "version", "kind", "message"]))
+    if not all(row["ok"] for row in rows):
+        raise typer.Exit(1)
+
+
+@snapshot_app.command("dump")
+def snapshot_dump(
+    domain: str = typer.Argument(..., help="The domain."),
+    version: Optional[str] = typer.Option(None, "--version", help="A kept version (default: the channel's head)."),
+    channel: str = typer.Option("stable", "--channel"),
+    out: Optional[Path] = typer.Option(None, "--out", help="Also write the verified blob here (for restore)."),
+    tenant: Optional[str] = TENANT,
+    workspace: Optional[str] = WORKSPACE,
+    verbose: bool = VERBOSE,
+) -> None:
+    """One verified snapshot as JSON (arrays left out)."""
+    from publisher.cli_ops import dump_snapshot
+
+    settings = state.settings()
+    summary = dump_snapshot(
+        _store(settings), settings.trusted_root_path, domain=domain, tenant=tenant or settings.tenant,
+        workspace=workspace or settings.workspace, channel=channel, version=version, out=out, verbose=verbose,
+    )  # fmt: skip
+    print(json.dumps(summary, indent=2, default=str))
+
+
+@snapshot_app.command("restore")
+def snapshot_restore(
+    source: Path = typer.Argument(..., help="A directory of dumped snapshots (*.avro.zst)."),
+    tenant: Optional[str] = TENANT,
+    workspace: Optional[str] = WORKSPACE,
+    domains: Optional[str] = DOMAINS,
+    verbose: bool = VERBOSE,
+) -> None:
+    """Re-publish backed-up snapshots as new versions; unknown domains and other majors are skipped with a message."""
+    from publisher.cli_ops import load_keys, restore_snapshots
+
+    settings = state.settings()
+    keys, root = load_keys(settings.publish.keys_dir)
+    report = restore_snapshots(
+        source, _store(settings), keys, root, domains_config=settings.domains, tenant=tenant or settings.tenant,
+        workspace=workspace or settings.workspace, domains=_domain_list(domains), config=_publisher_config(settings), verbose=verbose,
+    )  # fmt: skip
+    for message in report.messages:
+        console.print(message, highlight=False)
+
+
+@snapshot_app.command("promote")
+def snapshot_promote(
+    version: Optional[str] = typer.Option(None, "--version", help="Default: each domain's canary head."),
+    channel: str = typer.Option("stable", "--channel"),
+    source: str = typer.Option("canary", "--from"),
+    tenant: Optional[str] = TENANT,
+    workspace: Optional[str] = WORKSPACE,
+    domains: Optional[str] = DOMAINS,
+) -> None:
+    """Make a version (default: the canary head) the head of a channel."""
+    from publisher.cli_ops import load_keys, promote
+
+    settings = state.settings()
+    keys, root = load_keys(settings.publish.keys_dir)
+    rows = promote(
+        _store(settings), keys, root, domains_config=settings.domains, tenant=tenant or settings.tenant,
+        workspace=workspace or settings.workspace, domains=_domain_list(domains), version=version, channel=channel, source=source,
+    )  # fmt: skip
+    for row in rows:
+        console.print(row["message"], highlight=False)
+
+
+@snapshot_app.command("rollback")
+def snapshot_rollback(
+    to_version: Optional[str] = typer.Option(None, "--to", help="The version whose state to publish again (default: the previous one)."),
+    tenant: Optional[str] = TENANT,
+    workspace: Optional[str] = WORKSPACE,
+    domains: Optional[str] = DOMAINS,
+) -> None:
+    """Publish a NEW version carrying older state, so no client ever moves backwards."""
+    from publisher.cli_ops import load_keys, rollback
+
+    settings = state.settings()
+    keys, root = load_keys(settings.publish.keys_dir)
+    rows = rollback(
+        _store(settings), keys, root, domains_config=settings.domains, tenant=tenant or settings.tenant,
+        workspace=workspace or settings.workspace, domains=_domain_list(domains), to_version=to_version,
+    )  # fmt: skip
+    for row in rows:
+        console.print(row["message"], highlight=False)
 
 
 # -- the main job -------------------------------------------------------------------------

@@ -57,20 +57,36 @@ class S3Settings(_Section):
     region: str = "us-east-1"
 
 
-class SnapshotStoreSettings(_Section):
-    """Where signed snapshots are published and pulled from."""
-
-    kind: Literal["directory", "s3"] = "directory"
-    path: str = ".banditstream/snapshots"
-    bucket: str = "banditstream"
-    prefix: str = ""
-
-
 class StoreSettings(_Section):
-    """Local state of the workers."""
+    """Local state of the workers and where signed snapshots live."""
 
     state_dir: str = Field(".banditstream/state", description="RocksDB shards and join tables live here")
-    snapshots: SnapshotStoreSettings = SnapshotStoreSettings()
+    snapshots: str = Field(
+        ".banditstream/snapshots", description="snapshot repository: a directory, file://..., s3://bucket/prefix or http(s)://..."
+    )
+
+
+class PublishSettings(_Section):
+    """The publisher: keys, cadence, channels, guards, retention."""
+
+    keys_dir: str = Field(".banditstream/keys", description="Ed25519 keys and root.json from `banditstream keys generate`")
+    every_updates: int = Field(1000, ge=1)
+    every_seconds: float = Field(10.0, gt=0)
+    channels: tuple[Literal["canary", "stable"], ...] = ("canary", "stable")
+    keep_versions: int = Field(10, ge=1)
+    min_samples: int = Field(1, ge=0)
+    drift_factor: float = Field(2.0, gt=1.0)
+    on_drift: Literal["abort", "flag"] = "abort"
+    timestamp_expiry_s: float = Field(86_400.0, gt=0)
+
+
+class SdkSettings(_Section):
+    """The SDK's pull side."""
+
+    trusted_root: str | None = Field(None, description="root.json every client trusts; default: keys_dir/root.json")
+    cache_dir: str = ".banditstream/cache"
+    channel: Literal["canary", "stable"] = "stable"
+    refresh_interval_s: float = Field(5.0, gt=0)
 
 
 class MetricsSettings(_Section):
@@ -91,6 +107,8 @@ class Settings(_Section):
     registry: RegistrySettings = RegistrySettings()
     topics: TopicSettings = TopicSettings()
     stores: StoreSettings = StoreSettings()
+    publish: PublishSettings = PublishSettings()
+    sdk: SdkSettings = SdkSettings()
     s3: S3Settings = S3Settings()
     metrics: MetricsSettings = MetricsSettings()
     limits: LimitSettings = LimitSettings()
@@ -124,6 +142,20 @@ class Settings(_Section):
             tenant=self.tenant,
             workspace=self.workspace,
         )
+
+    def s3_client_kwargs(self) -> dict[str, Any]:
+        """boto3 client keyword arguments for an s3:// snapshot repository."""
+        kwargs: dict[str, Any] = {"region_name": self.s3.region}
+        if self.s3.endpoint_url:
+            kwargs["endpoint_url"] = self.s3.endpoint_url
+        if self.s3.access_key_id:
+            kwargs["aws_access_key_id"] = self.s3.access_key_id
+            kwargs["aws_secret_access_key"] = self.s3.secret_access_key
+        return kwargs
+
+    @property
+    def trusted_root_path(self) -> Path:
+        return Path(self.sdk.trusted_root) if self.sdk.trusted_root else Path(self.publish.keys_dir) / "root.json"
 
     def validation_limits(self) -> ValidationLimits:
         """What the boundary validator accepts: the configured domains (any, if none are)."""
