@@ -113,6 +113,24 @@ class Settings(_Section):
     metrics: MetricsSettings = MetricsSettings()
     limits: LimitSettings = LimitSettings()
     domains: dict[str, DomainSettings] = Field(default_factory=dict)
+    #: join worker knobs (streams._join_state.JoinOptions: batch_max, sweep_interval_s, ...)
+    join: dict[str, Any] = Field(default_factory=dict)
+    #: learner worker knobs (streams.learn.LearnerOptions: block_size, emit_every_s, ...)
+    learn: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("join")
+    @classmethod
+    def _join_options(cls, value: dict[str, Any]) -> dict[str, Any]:
+        from streams._join_state import JoinOptions
+
+        return _check_options(JoinOptions.from_mapping, value)
+
+    @field_validator("learn")
+    @classmethod
+    def _learn_options(cls, value: dict[str, Any]) -> dict[str, Any]:
+        from streams.learn import LearnerOptions
+
+        return _check_options(LearnerOptions.from_extra, value)
 
     @field_validator("tenant", "workspace")
     @classmethod
@@ -141,6 +159,7 @@ class Settings(_Section):
             metrics_port=self.metrics.port,
             tenant=self.tenant,
             workspace=self.workspace,
+            extra={"join": dict(self.join), "learn": dict(self.learn)},
         )
 
     def s3_client_kwargs(self) -> dict[str, Any]:
@@ -170,6 +189,30 @@ class Settings(_Section):
             probability_tolerance=self.limits.probability_tolerance,
             max_payload_bytes=self.limits.max_payload_bytes,
         )
+
+
+def _check_options(build, value: dict[str, Any]) -> dict[str, Any]:
+    """Worker knobs are plain dataclasses: coerce environment strings, then let them judge."""
+    value = {key: _scalar(item) for key, item in value.items()}
+    try:
+        build(value)
+    except TypeError as exc:  # dataclass(**value) with a key it does not have, or a wrong type
+        raise ValueError(str(exc).split("__init__() ")[-1]) from None
+    return value
+
+
+def _scalar(value: Any) -> Any:
+    if not isinstance(value, str):
+        return value
+    lowered = value.strip().lower()
+    if lowered in ("true", "false"):
+        return lowered == "true"
+    for kind in (int, float):
+        try:
+            return kind(value)
+        except ValueError:
+            pass
+    return value
 
 
 def load_settings(

@@ -38,6 +38,7 @@ def test_file_then_environment_overrides(tmp_path):
     assert settings.domains["routing"].params == {"alpha": 0.5}
     assert settings.domains["cache"].mode == "shadow"
     assert settings.domains["routing"].features.vector_dim == 16
+    assert load_settings(env={"BANDITSTREAM_LEARN__EMIT_EVERY_S": "0.5"}).worker_config().extra["learn"] == {"emit_every_s": 0.5}
     limits = settings.validation_limits()
     assert set(limits.domains) == {"routing", "cache"} and limits.domains["routing"].vector_dim == 16
 
@@ -64,6 +65,9 @@ def test_yaml_and_json_files_and_the_config_env_var(tmp_path):
         ({"BANDITSTREAM_REGISTRY__FRAMING": "confluent"}, "framing 'confluent' needs registry.url"),
         ({"BANDITSTREAM_DOMAINS__R__MODE": "sometimes"}, "domains.r.mode"),
         ({"BANDITSTREAM_KAFKA__EXTRA": "{not json"}, "BANDITSTREAM_KAFKA__EXTRA: not valid JSON"),
+        ({"BANDITSTREAM_JOIN__BOGUS": "1"}, "join: got an unexpected keyword argument 'bogus'"),
+        ({"BANDITSTREAM_LEARN__BLOCK_SIZE": "-1"}, "learn: block_size must be >= 1, got -1"),
+        ({"BANDITSTREAM_PUBLISH__ON_DRIFT": "ignore"}, "publish.on_drift"),
     ],
 )
 def test_invalid_values_give_one_line_naming_the_field(env, expected):
