@@ -2,7 +2,8 @@
 
 UpdateEvents are produced directly to the updates topic (the join is not involved). Workers
 run in a thread where no process has to die, and as ``banditstream learn`` subprocesses where
-one is killed, stopped with SIGTERM or joined by a second one.
+one is killed, stopped with SIGTERM or joined by a second one. The last test checks the block
+arithmetic alone, restarting a shard at many more points than a broker test can afford.
 """
 
 from __future__ import annotations
@@ -19,13 +20,11 @@ import pytest
 
 from banditstream.devstack import free_port
 from learner.store import PosteriorStore
+from streams._learn_shard import DomainModel, ShardLearner, Update
 from streams.learn import Learner
 from streams.serde import AvroSerde
 from streams.topics import ensure_topics
 from tests import learn_helpers as h
-
-pytestmark = pytest.mark.integration
-
 
 @contextlib.contextmanager
 def learner_in_thread(config):
@@ -73,6 +72,7 @@ def stored_shards(state_dir: Path, topic: str, partitions: int) -> dict[int, tup
 # -- 1 -----------------------------------------------------------------------------------------
 
 
+@pytest.mark.integration
 def test_learned_posterior_equals_the_in_process_fold_of_the_same_updates(kafka, topics, tmp_path):
     ensure_topics(kafka, topics)
     updates = h.make_updates(30_000, seed=1)
@@ -105,6 +105,7 @@ def test_learned_posterior_equals_the_in_process_fold_of_the_same_updates(kafka,
 # -- 2 -----------------------------------------------------------------------------------------
 
 
+@pytest.mark.integration
 def test_kill_9_at_three_random_points_reproduces_the_uninterrupted_posterior_bit_for_bit(kafka, topics, tmp_path):
     ensure_topics(kafka, topics)
     updates = h.make_updates(200_000, seed=2)
@@ -152,6 +153,7 @@ def test_kill_9_at_three_random_points_reproduces_the_uninterrupted_posterior_bi
 # -- 3 -----------------------------------------------------------------------------------------
 
 
+@pytest.mark.integration
 def test_two_learners_split_the_partitions_and_one_takes_over_the_others_shards(kafka, topics, tmp_path):
     ensure_topics(kafka, topics)
     group = f"banditstream-learn.{topics.updates}"
@@ -216,6 +218,7 @@ def last_assignment(log: Path) -> set[int]:
 # -- 4 -----------------------------------------------------------------------------------------
 
 
+@pytest.mark.integration
 def test_bad_records_are_dead_lettered_with_reasons_and_the_good_ones_learned(kafka, topics, tmp_path):
     ensure_topics(kafka, topics)
     serde = AvroSerde("update", framing="single_object")
@@ -275,6 +278,7 @@ def test_bad_records_are_dead_lettered_with_reasons_and_the_good_ones_learned(ka
 # -- 5 -----------------------------------------------------------------------------------------
 
 
+@pytest.mark.integration
 def test_an_update_delivered_twice_is_learned_once(kafka, topics, tmp_path):
     ensure_topics(kafka, topics)
     updates = h.make_updates(12_000, seed=5, modes=False)
@@ -304,6 +308,7 @@ def test_an_update_delivered_twice_is_learned_once(kafka, topics, tmp_path):
 # -- 6 -----------------------------------------------------------------------------------------
 
 
+@pytest.mark.integration
 def test_sigterm_flushes_state_publishes_commits_and_exits_0(kafka, topics, tmp_path):
     ensure_topics(kafka, topics)
     port = free_port()
@@ -330,3 +335,39 @@ def test_sigterm_flushes_state_publishes_commits_and_exits_0(kafka, topics, tmp_
         assert offset in (None, ends[partition] // 1024 * 1024)  # whole blocks, flushed
     log = (tmp_path / "learn.log").read_text()
     assert "Traceback" not in log
+
+
+# -- the block arithmetic itself, without a broker ----------------------------------------------
+
+
+def test_restarts_at_any_offsets_fold_the_same_blocks_bit_for_bit(tmp_path):
+    """A shard fed one partition, restarted from its store at random offsets (everything in
+    memory lost, as after kill -9), ends with the same bytes as one fed without a restart."""
+    domains = {name: DomainModel.of(settings) for name, settings in h.domain_settings().items()}
+    rng = random.Random(8)
+    stream = h.make_updates(6_000, seed=8)
+    for _ in range(300):  # duplicates a little later in the partition
+        i = rng.randrange(len(stream) - 1)
+        stream.insert(min(i + rng.randrange(1, 200), len(stream)), dict(stream[i]))
+    updates = [Update(o, u["event_id"], h.model_key(u), u["features"], u["reward"], u["weight"], u["mode"]) for o, u in enumerate(stream)]
+    for offset in rng.sample(range(len(updates)), 40):  # records the worker dead-lettered
+        updates[offset] = None
+
+    def fold(root: Path, restarts: list[int]) -> tuple[dict, dict]:
+        with PosteriorStore(root) as store:
+            for stop in [*sorted(restarts), len(updates)]:
+                stored = store.shard(0).offsets().get(("u", 0), 0)
+                shard = ShardLearner(0, "u", domains, store.shard(0), block_size=64, window_blocks=4, start=stored)
+                shard.load_stored()
+                for offset in range(shard.warm_offset(), stop):
+                    shard.feed(offset, updates[offset])
+                if stop < len(updates):
+                    store.close_shard(0)  # a kill: the trailing block and every cache are gone
+            published = {m.key: (m.state.update_count, m.state.state) for m in shard.snapshot(shard.keys())}
+            return published, dict(store.shard(0).arms())
+
+    uninterrupted = fold(tmp_path / "once", [])
+    assert len(uninterrupted[0]) == 9
+    for trial in range(3):
+        restarts = rng.sample(range(1, len(updates)), 5)
+        assert fold(tmp_path / f"restarted-{trial}", restarts) == uninterrupted, restarts
