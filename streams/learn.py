@@ -63,9 +63,8 @@ The workflow, in the order a record meets it:
 8. **Shut down** on SIGTERM/SIGINT (or ``stop``): finish the batch, publish, commit, close the
    consumer so the group rebalances at once, close the shards, exit 0.
 
-Options (:class:`LearnerOptions`) come from ``WorkerConfig.extra`` (its ``learn`` mapping);
-the configuration tree has no learner section yet, so ``banditstream learn`` runs with the
-defaults.
+Options (:class:`LearnerOptions`) come from the configuration's ``learn`` section
+(``WorkerConfig.extra["learn"]``), e.g. ``BANDITSTREAM_LEARN__BLOCK_SIZE=2048``.
 
 Metrics (Prometheus, ``config.metrics_port``; 0 picks a free port, which is logged): records
 in, block sizes, apply latency (fold + state write per block), shards emitted, dead letters by
@@ -78,7 +77,6 @@ mode, partitions assigned.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import shutil
 import signal
@@ -203,10 +201,12 @@ class LearnerOptions:
 
     @classmethod
     def from_extra(cls, extra: Mapping[str, Any]) -> LearnerOptions:
-        """Options from ``WorkerConfig.extra`` (its ``learn`` mapping, else its top level)."""
-        source = extra.get("learn", extra)
-        names = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in source.items() if k in names})
+        """Options from ``WorkerConfig.extra``: its ``learn`` section (the configuration's
+        ``learn:``), or else its top level, where other workers' sections (mappings) are
+        skipped. An unknown option raises TypeError naming it, a bad value ValueError."""
+        if "learn" in extra:
+            return cls(**dict(extra["learn"] or {}))
+        return cls(**{k: v for k, v in extra.items() if not isinstance(v, Mapping)})
 
     @property
     def window_blocks(self) -> int:
