@@ -19,6 +19,7 @@ from rich.console import Console
 from rich.table import Table
 
 from banditstream.config import ConfigError, Settings, load_settings
+from banditstream.demo import DemoError
 from banditstream.devstack import LocalStack, StackError
 from streams.errors import BanditstreamError
 from streams.topics import TopicError, ensure_topics
@@ -40,7 +41,8 @@ console = Console()
 err_console = Console(stderr=True)
 
 DEFAULT_DEV_DIR = ".banditstream/dev"
-EXPECTED_ERRORS = (ConfigError, StackError, TopicError, BanditstreamError)
+EXPECTED_ERRORS = (ConfigError, StackError, TopicError, BanditstreamError, DemoError)
+DEMO_DOMAINS = ("llm_routing", "support_templates")
 
 
 class _State:
@@ -174,10 +176,23 @@ def learn() -> None:
 @app.command()
 def publish() -> None:
     """Run the publisher worker: posterior shards -> guarded, signed, versioned snapshots."""
+    import signal
+    import threading
+
+    from prometheus_client import start_http_server
+
+    from publisher.publish import PublisherMetrics
     from publisher.worker import run_publisher
 
     settings = state.settings()
-    run_publisher(settings.worker_config(), _publisher_settings(settings))
+    stop = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stop.set())  # finish the current publish, then leave
+    metrics = PublisherMetrics()
+    server, _ = start_http_server(settings.metrics.port, addr="127.0.0.1", registry=metrics.registry)
+    console.print(f"publisher metrics on http://127.0.0.1:{server.server_port}/metrics", highlight=False)
+    _one_blas_thread()
+    run_publisher(settings.worker_config(), _publisher_settings(settings), stop=stop, metrics=metrics)
 
 
 def _store(settings: Settings):
@@ -363,16 +378,28 @@ def snapshot_rollback(
 
 @app.command()
 def demo(
-    events: int = typer.Option(2000, "--events", min=1, help="Decision/reward pairs to send."),
-    seed: int = typer.Option(7, "--seed", help="Seed of the simulated workload."),
+    events: int = typer.Option(20_000, "--events", min=10, help="Decisions to make (spread over the domains)."),
+    domains: str = typer.Option(",".join(DEMO_DOMAINS), "--domains", help="Simulated domains, comma-separated."),
+    policy: str = typer.Option("lin_ts", "--policy", help="Policy for every domain (lin_ts, lin_ucb, ...)."),
+    seed: int = typer.Option(7, "--seed", help="Seed of the workload and the SDK's draws."),
+    json_path: Optional[Path] = typer.Option(None, "--json", help="Write the summary here as JSON."),
+    plot: Path = typer.Option(Path("banditstream-demo.png"), "--plot", help="Where to write the PNG."),
+    round_size: int = typer.Option(1000, "--round-size", min=10, help="Decisions per snapshot round."),
+    s3: bool = typer.Option(False, "--s3", help="Publish snapshots to the embedded S3 server instead of a directory."),
+    keep: Optional[Path] = typer.Option(None, "--keep", help="Keep the working directory (logs, state, snapshots) here."),
 ) -> None:
-    """Run the main job on the embedded default stack (brought up and taken down here)."""
+    """Run the whole loop on the embedded default and show it learning a simulated workload."""
     from banditstream import demo as demo_module
+    from learner.policies import POLICIES
 
-    results = demo_module.run(events=events, seed=seed, console=console)
-    if not all(r.intact and r.received == r.sent for r in results):
-        err_console.print("[bold red]error:[/] some events did not round-trip intact")
-        raise typer.Exit(1)
+    if policy not in POLICIES:
+        raise typer.BadParameter(f"unknown policy {policy!r}; known: {', '.join(sorted(POLICIES))}", param_hint="--policy")
+    chosen = tuple(d for d in domains.split(",") if d)
+    options = demo_module.DemoOptions(
+        events=events, domains=chosen, policy=policy, seed=seed, json_path=json_path, plot_path=plot,
+        round_size=round_size, s3=s3, workdir=keep,
+    )  # fmt: skip
+    demo_module.run(options, console=console)
 
 
 @app.command()

@@ -384,6 +384,7 @@ class Decider:
         *,
         value: float | None = None,
         reward_id: str | None = None,
+        timestamp_ms: int | None = None,
     ) -> None:
         """Emit a RewardEvent for a decision: named ``signals`` or a plain ``value``."""
         if isinstance(signals, (int, float)):
@@ -395,7 +396,7 @@ class Decider:
             "tenant": self.tenant,
             "workspace": self.workspace,
             "domain": self.domain,
-            "timestamp": int(self._clock() * 1000),
+            "timestamp": timestamp_ms if timestamp_ms is not None else int(self._clock() * 1000),
             "signals": signals,
             "value": value,
         }

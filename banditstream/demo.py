@@ -1,129 +1,522 @@
-"""`banditstream demo`: the main job on the embedded default.
+"""`banditstream demo`: the whole loop on one machine, learning a simulated workload.
 
-Today it proves the foundation end to end: it starts the embedded stack, creates the topics,
-sends seeded DecisionEvents and RewardEvents through the broker in the configured framing,
-reads them back through a consumer group, checks every one arrived intact, and stops
-everything it started (on success, on error and on Ctrl-C).
+What runs (every piece real, every process stopped at the end, on error and on Ctrl-C):
+
+- the embedded stack: the Tansu broker (and SeaweedFS S3 with ``--s3``; otherwise the
+  snapshot repository is a local directory);
+- the join, learner and publisher workers, each its own ``banditstream`` process;
+- the SDK (:class:`~banditstream.decider.Decider`, one per domain) pulling verified snapshots
+  and deciding for a simulated workload with a known ground truth
+  (:mod:`banditstream.simulate`); rewards come back with realistic delays, some never
+  (the join's default reward), a few too late (dead-lettered).
+
+The workload runs in rounds: the SDK decides a round of requests with the snapshot it holds,
+their rewards are sent, and the next round starts once a snapshot that has learned from every
+decision so far is published, verified and swapped in. So the numbers depend on the seed
+only, not on how fast this machine is: the same seed gives the same figures.
+
+At the end: a summary table, a PNG (cumulative regret and reward per domain, snapshot
+swaps marked) and, with ``--json``, the figures as JSON.
 """
 
 from __future__ import annotations
 
-import random
+import contextlib
+import heapq
+import json
+import logging
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
 import tempfile
 import time
-import uuid
-from dataclasses import dataclass
+import urllib.request
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+import numpy as np
+from rich.console import Console, Group
+from rich.live import Live
 from rich.table import Table
 
-from banditstream.devstack import LocalStack
-from streams.client import BatchConsumer, EventProducer
-from streams.serde import AvroSerde
+from banditstream.decider import Decider, PulledSnapshots
+from banditstream.devstack import LocalStack, free_port
+from banditstream.simulate import ENVIRONMENTS, Environment, make_environment
+from learner.domain import DomainSettings
 from streams.settings import KafkaSettings, TopicSettings
 from streams.topics import ensure_topics
 
+DEFAULT_DOMAINS = ("llm_routing", "support_templates")
+
+
+class DemoError(RuntimeError):
+    """The demo could not run to the end (a worker died, the loop stalled)."""
+
 
 @dataclass
-class RoundTrip:
-    topic: str
-    sent: int
-    received: int
-    intact: bool
-    seconds: float
+class DemoOptions:
+    events: int = 20_000
+    domains: tuple[str, ...] = DEFAULT_DOMAINS
+    policy: str = "lin_ts"
+    seed: int = 7
+    round_size: int = 1000
+    window_s: float = 3.0
+    no_reward_rate: float = 0.10
+    late_rate: float = 0.03
+    s3: bool = False
+    json_path: Path | None = None
+    plot_path: Path | None = Path("banditstream-demo.png")
+    round_timeout_s: float = 60.0
+    workdir: Path | None = None
 
 
-def sample_decision(i: int, rng: random.Random, domain: str) -> dict:
-    actions = ["gpt-small", "gpt-large", "claude-haiku", "llama-70b"]
-    weights = [rng.random() + 0.1 for _ in actions]
-    total = sum(weights)
-    probabilities = [w / total for w in weights]
-    probabilities[-1] = 1.0 - sum(probabilities[:-1])
-    return {
-        "event_id": f"demo-{i:08d}",
-        "domain": domain,
-        "timestamp": int(time.time() * 1000),
-        "context": {
-            "numeric": {"prompt_tokens": float(rng.randint(10, 4000)), "history_turns": float(rng.randint(0, 12))},
-            "categorical": {"task": rng.choice(["code", "chat", "summarise"]), "tier": rng.choice(["free", "pro"])},
-            "vector": [],
-        },
-        "actions": [{"id": a, "features": {"numeric": {}, "categorical": {}, "vector": []}} for a in actions],
-        "chosen": rng.randrange(len(actions)),
-        "probabilities": probabilities,
-        "policy_version": "",
-        "mode": "live",
-        "deferred": False,
-        "recommended": -1,
-    }
+@dataclass
+class DomainLog:
+    """What happened in one domain, decision by decision."""
+
+    env: Environment
+    expected: list[float] = field(default_factory=list)  # E[reward] of the SDK's choice
+    oracle: list[float] = field(default_factory=list)
+    random: list[float] = field(default_factory=list)
+    realised: list[float] = field(default_factory=list)
+    swaps: list[tuple[int, str]] = field(default_factory=list)  # (decision index, version)
+
+    def figures(self) -> dict[str, float]:
+        n = len(self.expected)
+        tail = slice(n - n // 4, n)
+        learned = float(np.mean(self.expected[tail]))
+        random = float(np.mean(self.random[tail]))
+        oracle = float(np.mean(self.oracle[tail]))
+        gain = (learned - random) / (oracle - random) if oracle > random else float("nan")
+        return {
+            "decisions": n,
+            "learned_reward": round(learned, 6),
+            "random_reward": round(random, 6),
+            "oracle_reward": round(oracle, 6),
+            "gain_ratio": round(gain, 4),
+            "cumulative_regret": round(float(np.sum(np.subtract(self.oracle, self.expected))), 3),
+            "snapshots_used": len(self.swaps),
+        }
 
 
-def sample_reward(decision: dict, rng: random.Random) -> dict:
-    return {
-        "event_id": decision["event_id"],
-        "reward_id": uuid.UUID(int=rng.getrandbits(128)).hex,
-        "domain": decision["domain"],
-        "timestamp": decision["timestamp"] + rng.randint(100, 5000),
-        "signals": {"success": float(rng.random() < 0.7), "latency_ms": rng.uniform(80, 3000)},
-        "value": None,
-    }
-
-
-def run(*, events: int = 2000, seed: int = 7, console: Console | None = None) -> list[RoundTrip]:
-    """Bring the embedded stack up, round-trip ``events`` pairs, take it down."""
+def run(options: DemoOptions, console: Console | None = None) -> dict[str, Any]:
+    """Run the demo; returns the summary (also written to ``options.json_path``)."""
     console = console or Console()
-    rng = random.Random(seed)
-    with tempfile.TemporaryDirectory(prefix="banditstream-demo-") as state_dir:
-        stack = LocalStack(state_dir, s3=False)
+    unknown = [d for d in options.domains if d not in ENVIRONMENTS]
+    if unknown:
+        raise DemoError(f"unknown domain(s) {', '.join(unknown)}; the simulator has {', '.join(ENVIRONMENTS)}")
+    workdir = Path(options.workdir or tempfile.mkdtemp(prefix="banditstream-demo-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    stack = LocalStack(workdir / "stack", s3=options.s3)
+    workers = _Workers(workdir, console)
+    previous = signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
+    logging.getLogger("publisher").setLevel(logging.ERROR)  # "nothing published yet" while polling
+    try:
+        with console.status("starting the embedded stack…"):
+            info = stack.up()
+        console.print(f"broker [bold]{info.kafka_bootstrap}[/]" + (f", S3 [bold]{info.s3_endpoint}[/]" if info.s3_endpoint else ""))
+        return _Demo(options, workdir, info, workers, console).run()
+    finally:
+        workers.stop()
+        stack.down()
+        signal.signal(signal.SIGTERM, previous)
+        if options.workdir is None:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _raise_keyboard_interrupt(*_):
+    raise KeyboardInterrupt
+
+
+class _Workers:
+    """The worker processes: each in its own process group, all stopped together."""
+
+    def __init__(self, workdir: Path, console: Console):
+        self.workdir = workdir
+        self.console = console
+        self.processes: dict[str, subprocess.Popen] = {}
+        self.ports: dict[str, int] = {}
+
+    def start(self, name: str, config: Path, env: dict[str, str]) -> None:
+        port = free_port()
+        self.ports[name] = port
+        log = open(self.workdir / f"{name}.log", "wb")
+        self.processes[name] = subprocess.Popen(
+            [sys.executable, "-m", "banditstream.cli", "--config", str(config), name],
+            env={**os.environ, **env, "BANDITSTREAM_METRICS__PORT": str(port), "OPENBLAS_NUM_THREADS": "1"},
+            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+        )  # fmt: skip
+
+    def check(self) -> None:
+        for name, process in self.processes.items():
+            if process.poll() is not None:
+                tail = (self.workdir / f"{name}.log").read_text(errors="replace").strip().splitlines()[-5:]
+                raise DemoError(f"the {name} worker exited with code {process.returncode}: " + " | ".join(tail))
+
+    def metric(self, name: str, family: str) -> dict[str, float]:
+        """``label-value -> value`` of one metric family from a worker's /metrics."""
+        port = self.ports.get(name)
+        if port is None:
+            return {}
         try:
-            with console.status("starting the embedded broker…"):
-                info = stack.up()
-            console.print(f"broker on [bold]{info.kafka_bootstrap}[/] (profile {info.kafka_profile})")
-            kafka = KafkaSettings(bootstrap_servers=info.kafka_bootstrap, profile=info.kafka_profile)
-            topics = TopicSettings(partitions=4, update_partitions=4)
-            ensure_topics(kafka, topics)
-            decisions = [sample_decision(i, rng, "llm_routing") for i in range(events)]
-            rewards = [sample_reward(d, rng) for d in decisions]
-            results = [
-                _round_trip(kafka, topics.decisions, AvroSerde("decision", framing="single_object"), decisions, console),
-                _round_trip(kafka, topics.rewards, AvroSerde("reward", framing="single_object"), rewards, console),
-            ]
+            text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=0.5).read().decode()
+        except OSError:
+            return {}
+        values: dict[str, float] = {}
+        for line in text.splitlines():
+            if line.startswith(family):
+                match = re.match(rf"{family}(?:\{{(.*)\}})? (\S+)", line)
+                if match:
+                    values[match.group(1) or ""] = values.get(match.group(1) or "", 0.0) + float(match.group(2))
+        return values
+
+    def stop(self, timeout: float = 20.0) -> None:
+        for process in self.processes.values():
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        for process in self.processes.values():
+            try:
+                process.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)  # whatever is left of the group
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.wait(5)
+        self.processes.clear()
+
+
+class _Demo:
+    def __init__(self, options: DemoOptions, workdir: Path, info, workers: _Workers, console: Console):
+        self.o = options
+        self.workdir = workdir
+        self.info = info
+        self.workers = workers
+        self.console = console
+        self.kafka = KafkaSettings(bootstrap_servers=info.kafka_bootstrap, profile=info.kafka_profile)
+        # One partition per topic: the join then emits in deadline order and the learner folds
+        # the same records in the same blocks on every run, so its floating-point state (and
+        # with it every later draw) is identical for a seed. Production spreads over many.
+        self.topics = TopicSettings(partitions=1, update_partitions=1)
+        self.logs = {name: DomainLog(make_environment(name)) for name in options.domains}
+        self.decide_us: list[float] = []
+        self.late_pending: list[tuple[str, Decider, str, dict[str, float], int]] = []
+        self.sent = Counter()
+        self.started = time.monotonic()
+
+    # -- set-up ---------------------------------------------------------------------------
+
+    def _config(self) -> tuple[Path, dict[str, DomainSettings]]:
+        from publisher.cli_ops import generate_keys
+
+        keys = self.workdir / "keys"
+        generate_keys(keys)
+        if self.o.s3:
+            repository = "s3://banditstream-demo/snapshots"
+            import boto3
+
+            boto3.client("s3", **self._s3_kwargs()).create_bucket(Bucket="banditstream-demo")
+        else:
+            repository = str(self.workdir / "snapshots")
+        domains = {}
+        for name, log in self.logs.items():
+            params = {"eps0": 0.02, "seed": self.o.seed}
+            if self.o.policy in ("lin_ts", "shared_lin_ts"):
+                params["v"] = 0.3
+            elif self.o.policy in ("lin_ucb", "shared_lin_ucb"):
+                params["alpha"] = 0.5
+            shared = self.o.policy.startswith("shared_")
+            domains[name] = {
+                "policy": self.o.policy,
+                "params": params,
+                "features": {"dimension": 32, "normalize": False, "shared": shared, "interactions": shared},
+                "reward": {"expression": log.env.reward_expression, "window_s": self.o.window_s, "default_reward": 0.0},
+            }
+        tree = {
+            "kafka": {"bootstrap_servers": self.kafka.bootstrap_servers, "profile": self.kafka.profile},
+            "topics": self.topics.model_dump(),
+            "stores": {"state_dir": str(self.workdir / "state"), "snapshots": repository},
+            "publish": {"keys_dir": str(keys), "every_updates": 100_000, "every_seconds": 0.5, "on_drift": "flag"},
+            "sdk": {"cache_dir": str(self.workdir / "cache")},
+            "join": {"sweep_interval_s": 0.2},
+            "learn": {"emit_every_s": 0.3},
+            "domains": domains,
+        }
+        if self.o.s3:
+            tree["s3"] = {
+                "endpoint_url": self.info.s3_endpoint,
+                "access_key_id": self.info.s3_access_key,
+                "secret_access_key": self.info.s3_secret_key,
+                "region": self.info.s3_region,
+            }
+        path = self.workdir / "banditstream.json"
+        path.write_text(json.dumps(tree, indent=2))
+        from banditstream.config import load_settings
+
+        settings = load_settings(path, env={})
+        return path, dict(settings.domains)
+
+    def _s3_kwargs(self) -> dict[str, str]:
+        return {
+            "endpoint_url": self.info.s3_endpoint,
+            "aws_access_key_id": self.info.s3_access_key,
+            "aws_secret_access_key": self.info.s3_secret_key,
+            "region_name": self.info.s3_region,
+        }
+
+    # -- the run --------------------------------------------------------------------------
+
+    def run(self) -> dict[str, Any]:
+        from publisher import SnapshotClient
+
+        config_path, domain_settings = self._config()
+        ensure_topics(self.kafka, self.topics)
+        for name in ("join", "learn", "publish"):
+            self.workers.start(name, config_path, {})
+        repository = f"s3://banditstream-demo/snapshots" if self.o.s3 else str(self.workdir / "snapshots")
+        deciders: dict[str, Decider] = {}
+        sources: dict[str, PulledSnapshots] = {}
+        for i, name in enumerate(self.o.domains):
+            client = SnapshotClient(
+                repository, self.workdir / "cache" / name, self.workdir / "keys" / "root.json", domain=name,
+                s3=self._s3_kwargs() if self.o.s3 else None,
+            )  # fmt: skip
+            sources[name] = PulledSnapshots(client)
+            deciders[name] = Decider(
+                name, kafka=self.kafka, settings=domain_settings[name], topics=self.topics, seed=self.o.seed + i,
+                spool_path=self.workdir / "spool" / f"{name}.spool",
+            )  # fmt: skip
+        rng = np.random.default_rng(self.o.seed)
+        per_domain = {name: 0 for name in self.o.domains}
+        try:
+            with Live(self._view(deciders), console=self.console, refresh_per_second=4, transient=False) as live:
+                made = 0
+                while made < self.o.events:
+                    self.workers.check()
+                    # a short first round: the baseline decides it, so learning starts sooner
+                    size = min(self.o.round_size if made else max(10, self.o.round_size // 5), self.o.events - made)
+                    self._round(size, made, deciders, rng, per_domain)
+                    made += size
+                    live.update(self._view(deciders))
+                    self._await_learning(per_domain, deciders, sources, live)
+                self._send_late()  # the last round's too-late rewards, for the join to refuse
+                for decider in deciders.values():
+                    decider.flush(30)
+                self._await_dead_letters(live, deciders)
+            summary = self._summary(deciders)
         finally:
-            with console.status("stopping the embedded stack…"):
-                stack.down()
-    table = Table("topic", "sent", "received", "intact", "seconds", title="demo: events through the broker")
-    for r in results:
-        table.add_row(r.topic, str(r.sent), str(r.received), "yes" if r.intact else "[red]NO[/]", f"{r.seconds:.2f}")
-    console.print(table)
-    return results
+            for decider in deciders.values():
+                decider.close(timeout=5)
+        self._print(summary)
+        if self.o.plot_path:
+            self._plot(self.o.plot_path)
+            self.console.print(f"plot: [bold]{self.o.plot_path}[/]")
+        if self.o.json_path:
+            Path(self.o.json_path).write_text(json.dumps(summary, indent=2))
+            self.console.print(f"summary: [bold]{self.o.json_path}[/]")
+        return summary
 
+    def _round(self, size: int, offset: int, deciders, rng, per_domain) -> None:
+        """Decide ``size`` requests, then send their rewards (in timestamp order)."""
+        self._send_late()
+        rewards: list[tuple[int, str, Decider, str, dict[str, float]]] = []  # a heap by due time
+        window_ms = int(self.o.window_s * 1000)
+        for k in range(size):
+            self._send_due(rewards, int(time.time() * 1000))
+            name = self.o.domains[(offset + k) % len(self.o.domains)]
+            log = self.logs[name]
+            env = log.env
+            context = env.sample_context(rng)
+            t0 = time.perf_counter()
+            decision = deciders[name].decide(context, env.actions, event_id=f"{name}-{offset + k:07d}")
+            self.decide_us.append((time.perf_counter() - t0) * 1e6)
+            outcome = env.outcome(context, decision.action, rng)
+            values = env.expected_rewards(context)
+            log.expected.append(float(values[decision.index]))
+            log.oracle.append(float(values.max()))
+            log.random.append(float(values.mean()))
+            log.realised.append(outcome.reward)
+            per_domain[name] += 1
+            fate = rng.random()
+            decided_at = int(time.time() * 1000)
+            if fate < self.o.no_reward_rate:
+                self.sent["none"] += 1
+            elif fate < self.o.no_reward_rate + self.o.late_rate:
+                self.late_pending.append((name, deciders[name], decision.event_id, outcome.signals, decided_at + int(1.5 * window_ms)))
+            else:
+                delay = min(rng.exponential(0.1 * window_ms), 0.5 * window_ms)
+                heapq.heappush(rewards, (decided_at + int(delay), decision.event_id, deciders[name], outcome.signals))
+        self._send_due(rewards, None)
 
-def _round_trip(kafka: KafkaSettings, topic: str, serde: AvroSerde, records: list[dict], console: Console) -> RoundTrip:
-    start = time.perf_counter()
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with Progress(*columns, console=console, transient=True) as progress:
-        sending = progress.add_task(f"produce → {topic}", total=len(records))
-        producer = EventProducer(kafka)
-        for record in records:
-            producer.send(topic, serde, record)
-            progress.advance(sending)
-        producer.flush()
-        receiving = progress.add_task(f"consume ← {topic}", total=len(records))
-        received: dict[str, dict] = {}
-        with BatchConsumer(kafka, f"demo-{topic}", [topic]) as consumer:
-            for batch in consumer.batches(serde, idle_timeout=10):
-                for record in batch.records:
-                    key = record.get("reward_id") or record["event_id"]
-                    received[key] = record
-                consumer.commit(batch)
-                progress.update(receiving, completed=len(received))
-                if len(received) >= len(records):
-                    break
-    expected = {r.get("reward_id") or r["event_id"]: r for r in records}
-    intact = all(_same(received.get(k), v) for k, v in expected.items())
-    return RoundTrip(topic, len(records), len(received), intact, time.perf_counter() - start)
+    def _send_due(self, rewards: list, now_ms: int | None) -> None:
+        """Send the rewards whose (simulated) arrival time has come; all of them if ``now_ms``
+        is None. They leave in timestamp order, as their outcomes are observed."""
+        while rewards and (now_ms is None or rewards[0][0] <= now_ms):
+            ts, event_id, decider, signals = heapq.heappop(rewards)
+            decider.reward(event_id, signals, timestamp_ms=ts)
+            self.sent["in_window"] += 1
 
+    def _send_late(self) -> None:
+        """Rewards held back past their window (the previous round is finalised by now)."""
+        for _, decider, event_id, signals, ts in self.late_pending:
+            decider.reward(event_id, signals, timestamp_ms=ts)
+            self.sent["late"] += 1
+        self.late_pending = []
 
-def _same(got: dict | None, sent: dict) -> bool:
-    return got is not None and all(got[k] == v for k, v in sent.items())
+    def _await_dead_letters(self, live, deciders, timeout: float = 15.0) -> None:
+        """Let the join refuse the last late rewards before the summary counts them."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            late = sum(self.workers.metric("join", "banditstream_late_rewards_total").values())
+            if late >= self.sent["late"]:
+                return
+            live.update(self._view(deciders))
+            time.sleep(0.2)
+
+    def _await_learning(self, per_domain, deciders, sources, live) -> None:
+        """Wait for a snapshot per domain that learned from every decision made so far."""
+        deadline = time.monotonic() + self.o.round_timeout_s
+        pending = dict(per_domain)
+        while pending:
+            self.workers.check()
+            for name in list(pending):
+                try:
+                    active = sources[name].latest()
+                except Exception:  # noqa: BLE001 - nothing published yet, or mid-publish
+                    active = None
+                if active is not None and active.samples >= pending[name]:
+                    deciders[name].use(active)
+                    log = self.logs[name]
+                    if not log.swaps or log.swaps[-1][1] != active.version:
+                        log.swaps.append((len(log.expected), active.version))
+                    del pending[name]
+            if not pending:
+                return
+            if time.monotonic() > deadline:
+                raise DemoError(
+                    f"no snapshot learned from all decisions within {self.o.round_timeout_s:.0f}s "
+                    f"(waiting for {', '.join(pending)}); worker logs are in {self.workdir}"
+                )
+            live.update(self._view(deciders))
+            time.sleep(0.2)
+
+    # -- output ---------------------------------------------------------------------------
+
+    def _joins(self) -> dict[str, float]:
+        raw = self.workers.metric("join", "banditstream_joins_total")
+        return {re.sub(r'status="(\w+)"', r"\1", k): v for k, v in raw.items()}
+
+    def _view(self, deciders) -> Group:
+        elapsed = max(time.monotonic() - self.started, 1e-9)
+        made = sum(len(log.expected) for log in self.logs.values())
+        joins = self._joins()
+        head = Table.grid(padding=(0, 2))
+        head.add_row(
+            f"events [bold]{made:,}[/]/{self.o.events:,}",
+            f"{made / elapsed:,.0f} decisions/s",
+            f"joins rewarded [bold]{joins.get('rewarded', 0):,.0f}[/] default [bold]{joins.get('default', 0):,.0f}[/]",
+            f"late rewards sent {self.sent['late']:,}",
+        )
+        table = Table("domain", "snapshot in use", "snapshots", "reward (last 500)", "oracle (last 500)", "random (last 500)")
+        for name, log in self.logs.items():
+            table.add_row(
+                name,
+                deciders[name].policy_version or "baseline",
+                str(len(log.swaps)),
+                f"{np.mean(log.expected[-500:]):.3f}" if log.expected else "-",
+                f"{np.mean(log.oracle[-500:]):.3f}" if log.oracle else "-",
+                f"{np.mean(log.random[-500:]):.3f}" if log.random else "-",
+            )
+        return Group(head, table)
+
+    def _summary(self, deciders) -> dict[str, Any]:
+        per_domain = {name: log.figures() for name, log in self.logs.items()}
+        joins = self._joins()
+        dead = self.workers.metric("join", "banditstream_dead_letters_total")
+        late = self.workers.metric("join", "banditstream_late_rewards_total")
+        published = self.workers.metric("publish", "banditstream_snapshots_published_total")
+        mean = lambda key: round(float(np.mean([d[key] for d in per_domain.values()])), 6)  # noqa: E731
+        learned, random, oracle = mean("learned_reward"), mean("random_reward"), mean("oracle_reward")
+        return {
+            "events": int(sum(len(log.expected) for log in self.logs.values())),
+            "seed": self.o.seed,
+            "policy": self.o.policy,
+            "learned_reward": learned,
+            "random_reward": random,
+            "oracle_reward": oracle,
+            "gain_ratio": round((learned - random) / (oracle - random), 4) if oracle > random else None,
+            "domains": per_domain,
+            "pipeline": {
+                "joins_rewarded": int(joins.get("rewarded", 0)),
+                "joins_default": int(joins.get("default", 0)),
+                "late_rewards": int(sum(late.values())),
+                "dead_letters": int(sum(dead.values())),
+                "snapshots_published": int(sum(published.values())),
+                "rewards_sent_in_window": self.sent["in_window"],
+                "rewards_never_sent": self.sent["none"],
+                "rewards_sent_late": self.sent["late"],
+            },
+            "sdk_decide_p50_us": round(float(np.percentile(self.decide_us, 50)), 1),
+            "sdk_decide_p99_us": round(float(np.percentile(self.decide_us, 99)), 1),
+            "seconds": round(time.monotonic() - self.started, 1),
+        }
+
+    def _print(self, summary: dict[str, Any]) -> None:
+        p = summary["pipeline"]
+        table = Table("figure", "value", title="pipeline")
+        for key, label in [
+            ("events", "events (decisions)"),
+        ]:
+            table.add_row(label, f"{summary[key]:,}")
+        for key, value in p.items():
+            table.add_row(key.replace("_", " "), f"{value:,}")
+        table.add_row("SDK decide p50 / p99", f"{summary['sdk_decide_p50_us']:.0f} / {summary['sdk_decide_p99_us']:.0f} µs")
+        table.add_row("wall time", f"{summary['seconds']:.0f} s")
+        self.console.print(table)
+        rewards = Table("domain", "learned", "random", "oracle", "gain over random", "regret", title="reward over the last quarter")
+        for name, d in summary["domains"].items():
+            rewards.add_row(name, f"{d['learned_reward']:.3f}", f"{d['random_reward']:.3f}", f"{d['oracle_reward']:.3f}",
+                            f"{d['gain_ratio']:.0%}", f"{d['cumulative_regret']:,.0f}")  # fmt: skip
+        rewards.add_row("[bold]mean[/]", f"{summary['learned_reward']:.3f}", f"{summary['random_reward']:.3f}",
+                        f"{summary['oracle_reward']:.3f}", f"{summary['gain_ratio']:.0%}", "")  # fmt: skip
+        self.console.print(rewards)
+
+    def _plot(self, path: Path) -> None:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, axes = plt.subplots(2, len(self.logs), figsize=(6 * len(self.logs), 7), squeeze=False)
+        for col, (name, log) in enumerate(self.logs.items()):
+            t = np.arange(1, len(log.expected) + 1)
+            regret = np.cumsum(np.subtract(log.oracle, log.expected))
+            random_regret = np.cumsum(np.subtract(log.oracle, log.random))
+            ax = axes[0][col]
+            ax.plot(t, regret, label="learned (SDK)")
+            ax.plot(t, random_regret, label="uniform random", linestyle="--")
+            ax.set_title(f"{name}: cumulative regret")
+            ax.set_xlabel("decision")
+            ax.legend()
+            ax = axes[1][col]
+            window = max(1, min(500, len(t) // 10))
+            kernel = np.ones(window) / window
+            ax.plot(t[window - 1 :], np.convolve(log.expected, kernel, mode="valid"), label="learned (SDK)")
+            ax.plot(t[window - 1 :], np.convolve(log.oracle, kernel, mode="valid"), label="oracle")
+            ax.plot(t[window - 1 :], np.convolve(log.random, kernel, mode="valid"), label="uniform random", linestyle="--")
+            ax.set_title(f"{name}: expected reward (moving average of {window})")
+            ax.set_xlabel("decision")
+            for row in (0, 1):
+                for index, _version in log.swaps:
+                    axes[row][col].axvline(index, color="grey", alpha=0.25, linewidth=0.8)
+            ax.legend()
+        fig.suptitle("banditstream demo: grey lines are snapshot swaps in the SDK")
+        fig.tight_layout()
+        fig.savefig(path, dpi=110)
+        plt.close(fig)

@@ -127,6 +127,7 @@ class EventEmitter:
         self._stop.set()
         self._thread.join(timeout)
         self.spool.close()
+        self._producer = None  # librdkafka's threads stop with the last reference
 
     # -- callbacks and the background thread -------------------------------------------
 

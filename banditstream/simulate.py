@@ -33,7 +33,6 @@ _W = np.full(len(_Z), 1.0 / len(_Z))
 class Outcome:
     signals: dict[str, float]
     reward: float
-    expected: float
 
 
 class Environment:
@@ -65,39 +64,48 @@ class Environment:
         signals["latency_ms"] = float(median_latency * math.exp(self.latency_sigma * rng.standard_normal()))
         signals.update(self._fixed(context, action))
         signals = self._adjust(signals)
-        return Outcome(signals, self.engine.score(signals), self.expected_reward(context, action))
+        return Outcome(signals, self.engine.score(signals))
 
     def _adjust(self, signals: dict[str, float]) -> dict[str, float]:
         return signals
 
     def expected_reward(self, context: dict[str, Any], action: str) -> float:
-        """E[reward | context, action]: exact over the binary signals, quadrature over latency."""
-        probabilities, median_latency = self._means(context, action)
-        fixed = self._fixed(context, action)
-        names = list(probabilities)
-        total = 0.0
-        for mask in range(1 << len(names)):
-            weight = 1.0
-            signals = dict(fixed)
-            for bit, name in enumerate(names):
-                on = (mask >> bit) & 1
-                weight *= probabilities[name] if on else 1.0 - probabilities[name]
-                signals[name] = float(on)
-            if weight == 0.0:
-                continue
-            for z, w in zip(_Z, _W):
-                s = dict(signals)
-                s["latency_ms"] = median_latency * math.exp(self.latency_sigma * z)
-                total += weight * w * self.engine.score(self._adjust(s))
-        return total
+        return float(self.expected_rewards(context)[self.actions.index(action)])
+
+    def expected_rewards(self, context: dict[str, Any]) -> np.ndarray:
+        """E[reward | context, a] for every action: exact over the binary signals (every
+        combination, weighted by its probability), quadrature over the latency noise; one
+        vectorised pass through the reward engine."""
+        columns: dict[str, list[float]] = {}
+        weights: list[float] = []
+        owners: list[int] = []
+        for index, action in enumerate(self.actions):
+            probabilities, median_latency = self._means(context, action)
+            fixed = self._fixed(context, action)
+            names = list(probabilities)
+            for mask in range(1 << len(names)):
+                weight = 1.0
+                signals = dict(fixed)
+                for bit, name in enumerate(names):
+                    on = (mask >> bit) & 1
+                    weight *= probabilities[name] if on else 1.0 - probabilities[name]
+                    signals[name] = float(on)
+                for z, w in zip(_Z, _W):
+                    adjusted = self._adjust({**signals, "latency_ms": median_latency * math.exp(self.latency_sigma * z)})
+                    for name, value in adjusted.items():
+                        columns.setdefault(name, []).append(value)
+                    weights.append(weight * w)
+                    owners.append(index)
+        scores = self.engine.score_batch({name: np.asarray(values) for name, values in columns.items()})
+        return np.bincount(owners, weights=np.asarray(weights) * scores, minlength=len(self.actions))
 
     def oracle(self, context: dict[str, Any]) -> tuple[str, float]:
-        values = {a: self.expected_reward(context, a) for a in self.actions}
-        best = max(values, key=values.get)
-        return best, values[best]
+        values = self.expected_rewards(context)
+        best = int(np.argmax(values))
+        return self.actions[best], float(values[best])
 
     def random_value(self, context: dict[str, Any]) -> float:
-        return float(np.mean([self.expected_reward(context, a) for a in self.actions]))
+        return float(np.mean(self.expected_rewards(context)))
 
 
 class LLMRouting(Environment):
