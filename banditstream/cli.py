@@ -457,8 +457,8 @@ def main(argv: Optional[list[str]] = None) -> int:
             raise
         err_console.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
         return 2
-    except typer.Abort:
-        err_console.print("aborted")
+    except (typer.Abort, KeyboardInterrupt):
+        err_console.print("interrupted: everything started here has been stopped")
         return 130
     except typer.Exit as exc:
         return exc.exit_code
