@@ -451,7 +451,8 @@ def replay(
 def main(argv: Optional[list[str]] = None) -> int:
     """Console-script entry point: expected errors become one line and exit code 2."""
     try:
-        app(args=argv, standalone_mode=False)
+        # without standalone mode click hands back a command's typer.Exit code instead of exiting
+        code = app(args=argv, standalone_mode=False)
     except EXPECTED_ERRORS as exc:
         if state.verbose:
             raise
@@ -469,7 +470,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             exc.show()
             return exc.exit_code
         raise
-    return 0
+    return code if isinstance(code, int) else 0
 
 
 if __name__ == "__main__":
