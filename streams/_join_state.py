@@ -23,19 +23,18 @@ from the database when the partition is assigned (after faust's changelog recove
 Entries are lazily invalidated: a popped key whose entry no longer carries that deadline
 is skipped.
 
-Clock: one monotone watermark ``W`` per partition,
-``W = max(newest decision time seen, W at the last decision + wall time since it)``.
-While decisions flow, ``W`` is the event time they carry (a backlog is joined by event
-time, not by how fast it is read); when they stop, ``W`` moves on with the wall clock, so
-the sweeper fires default rewards. A deadline fires when ``W >= deadline``. Only decisions
-drive it: a reward's timestamp is another system's clock and a reward from the future must
-not close every window of its partition (decision times are capped at wall clock +
-``max_clock_skew_s`` for the same reason). The wall clock only carries ``W`` while the
-partition's decisions are read to their end (decisions still to read carry it otherwise:
-a worker that lags must not expire windows by the wall clock). While its rewards are read behind
-its decisions (a backlog after a restart: faust hands over whole fetches per topic), ``W``
-is also capped at the producer time of the newest reward read, so a window never closes
-before the rewards produced inside it have been read.
+Clock: one monotone watermark ``W`` per partition; a deadline fires when ``W >= deadline``.
+``W`` moves to the newest decision time read, and - because a partition can go quiet -
+to the time up to which its decisions are known to be read to their end: the worker's
+wall clock at the last fetch response that found nothing left to read, less a margin for
+records still in flight from producers. So while decisions flow (a backlog too) ``W`` is
+their event time, and when they stop it follows the wall clock and the sweeper fires
+default rewards. ``W`` never passes the time up to which the partition's *rewards* are
+known read (the producer time of the newest reward read, or the same fetch-based time
+when they are read to their end): faust hands over whole fetches per topic, and a window
+must not close while rewards produced inside it are still unread. Reward timestamps never
+move ``W`` (another system's clock: a reward from the future must not close every window
+of its partition); decision times are capped at wall clock + ``max_clock_skew_s``.
 """
 
 from __future__ import annotations
@@ -95,6 +94,12 @@ class JoinOptions:
     #: A decision timestamp further than this ahead of the wall clock moves the clock only
     #: this far (a producer with a wrong clock must not expire a partition's windows).
     max_clock_skew_s: float = 5.0
+    #: How long a record may take from its producer's clock to the broker's log: a partition
+    #: read to its end at wall time F is taken as complete up to F minus this.
+    in_flight_margin_s: float = 1.0
+    #: After seeking back to a missing offset, how long to wait for it before taking the
+    #: next record as the continuation (a real hole in the log), seconds.
+    hole_timeout_s: float = 10.0
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any] | None) -> "JoinOptions":
@@ -160,10 +165,12 @@ class PartitionState:
         self.heap: list[tuple[int, bytes]] = []
         self.waiting = 0
         self.watermark = -(1 << 62)
-        self._anchor_ts = self.watermark
         #: Producer time of the newest reward read on this partition (this session).
         self.rewards_read = -(1 << 62)
-        self._anchor_wall = time.time() * 1000.0
+        #: Source topic -> next offset to handle: what the state reflects, stored with it.
+        self.offsets: dict[str, int] = {}
+        #: Source topic -> (offset sought back to, wall ms) while a seek is under way.
+        self.seeking: dict[str, tuple[int, float]] = {}
         self.normalizers: dict[str, Normalizer] = {}
         self._encoders: dict[str, FeatureEncoder] = {}
         self._norm_dirty: set[str] = set()
@@ -179,8 +186,9 @@ class PartitionState:
         """Rebuild the in-memory index (deadlines, waiting count, clock, normalisers)."""
         meta = self.db.get(META_KEY)
         if meta is not None:
-            self.watermark = int(_LOAD(meta)["watermark"])
-            self._anchor_ts = self.watermark
+            meta = _LOAD(meta)
+            self.watermark = int(meta["watermark"])
+            self.offsets = dict(meta.get("offsets", {}))
         for name in self._domains:
             raw = self.db.get(NORM_PREFIX + name.encode())
             if raw is not None:
@@ -222,25 +230,25 @@ class PartitionState:
             encoder = self._encoders[domain.name] = FeatureEncoder(domain.features, normalizer)
         return encoder
 
+    def handled(self, topic: str, offset: int) -> None:
+        """Record that the state now reflects ``topic``'s record at ``offset``."""
+        self.offsets[topic] = offset + 1
+        self._meta_dirty = True
+
     def normalizer_changed(self, domain: str) -> None:
         self._norm_dirty.add(domain)
 
     # -- clock ---------------------------------------------------------------------------
 
-    def advance(self, max_ts: int | None, now_wall_ms: float, cap: int | None = None, idle: bool = True) -> int:
-        """Move the watermark by event time when decisions came (``max_ts``: the newest
-        decision time of the batch), else - if the decisions partition is read to its end
-        (``idle``) - by wall time since the last decision; never past ``cap`` (how far the
-        rewards partition has been read, while it lags)."""
-        if max_ts is not None:
+    def advance(self, max_ts: int | None, complete_at: int | None, cap: int | None) -> int:
+        """Move the clock: to the newest decision time read (``max_ts``), and to the time up
+        to which the decisions partition is known read to its end (``complete_at``), but not
+        past the time up to which its rewards are (``cap``). Never backwards."""
+        candidate = self.watermark
+        if max_ts is not None and max_ts > candidate:
             candidate = max_ts
-            self._anchor_wall = now_wall_ms
-            self._anchor_ts = max(self._anchor_ts, max_ts)
-        elif idle:
-            candidate = self._anchor_ts + int(now_wall_ms - self._anchor_wall)
-        else:
-            candidate = self._anchor_ts
-            self._anchor_wall = now_wall_ms
+        if complete_at is not None and complete_at > candidate:
+            candidate = complete_at
         if cap is not None and candidate > cap:
             candidate = cap
         if candidate > self.watermark:
@@ -260,7 +268,7 @@ class PartitionState:
         for name in self._norm_dirty:
             out.append((NORM_PREFIX + name.encode(), _DUMP(self.normalizers[name].export(), _PROTOCOL)))
         if self._meta_dirty or out:
-            out.append((META_KEY, _DUMP({"watermark": self.watermark}, _PROTOCOL)))
+            out.append((META_KEY, _DUMP({"watermark": self.watermark, "offsets": self.offsets}, _PROTOCOL)))
         self.dirty = set()
         self._norm_dirty = set()
         self._meta_dirty = False
@@ -379,7 +387,8 @@ class JoinCore:
                 out.duplicate("reward")
             else:
                 out.late_rewards += 1
-                out.dead.append(_refuse(source, "late_reward", "its decision was already joined and emitted"))
+                out.dead.append(_refuse(source, "late_reward",
+                                        f"its decision was already joined and emitted (at {entry[1]}, clock {part.watermark})"))
             return
         if self._attach(entry[2], entry[1], entry[3], waiting, out):
             part.put(key, entry)
@@ -409,9 +418,10 @@ class JoinCore:
     # -- deadlines -----------------------------------------------------------------------
 
     def fire(self, part: PartitionState, now_wall_ms: float, out: Outputs, max_ts: int | None = None,
-             cap: int | None = None, idle: bool = True) -> None:
-        """Advance the partition's clock and finalise everything now due."""
-        watermark = part.advance(max_ts, now_wall_ms, cap, idle)
+             complete_at: int | None = None, cap: int | None = None) -> None:
+        """Advance the partition's clock (:meth:`PartitionState.advance`) and finalise
+        everything now due."""
+        watermark = part.advance(max_ts, complete_at, cap)
         heap = part.heap
         done_at = int(now_wall_ms)
         while heap and heap[0][0] <= watermark:

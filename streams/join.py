@@ -171,9 +171,10 @@ class JoinWorker:
                 self._fail_stop(exc)
 
         @self.table.on_recover
-        async def recovered():
+        async def recovered():  # before faust seeks the source partitions to committed offsets
             async with self._lock:
                 self._load_assigned()
+                await self._commit_state_offsets()
 
         @app.on_partitions_revoked.connect
         async def revoked(sender: Any, revoked: set[TP], **kwargs: Any) -> None:
@@ -263,10 +264,13 @@ class JoinWorker:
                 message = event.message
                 topic, partition, offset, raw = message.topic, message.partition, message.offset, message.value
                 counts[topic] = counts.get(topic, 0) + 1
+                part = self._part(partition)
+                if not self._in_sequence(part, topic, offset, now):
+                    continue
                 positions[(topic, partition)] = offset + 1
+                part.handled(topic, offset)
                 source = DeadLetter(topic, partition, offset, message.key, raw)
                 try:
-                    part = self._part(partition)
                     size = len(raw) if raw is not None else 0
                     if topic == decisions:
                         record = validate_decision(decode_decision(raw or b""), encoded_size=size)
@@ -289,68 +293,133 @@ class JoinWorker:
                     out.dead.append(source)
             for topic, n in counts.items():
                 self.metrics.records_in.labels("join", topic).inc(n)
-            caps, busy = await self._clocks()
+            clocks = await self._clocks()
             for partition, part in self.parts.items():
-                core.fire(part, now, out, max_ts.get(partition), caps.get(partition), partition not in busy)
+                core.fire(part, now, out, max_ts.get(partition), *clocks.get(partition, (None, part.rewards_read)))
             self.metrics.batch_size.labels("join").observe(len(events))
             await asyncio.shield(self._commit(out, self.parts.values()))
+
+    def _in_sequence(self, part: PartitionState, topic: str, offset: int, now: float) -> bool:
+        """Whether to handle this record: the next one the partition's state is missing.
+
+        The state stores, with every write, the next source offset it needs per topic, and
+        commits those offsets to the group whenever partitions are assigned, before faust
+        seeks to the committed offsets (:meth:`_commit_state_offsets`): reading resumes
+        exactly where the state ends, whatever faust committed meanwhile. A record below
+        that offset is already in the state (a replay: skipped). One above it is dropped for
+        ``hole_timeout_s`` (records read before the seek lands), then taken (a real hole in
+        the log, e.g. transaction markers), with a warning.
+        """
+        expected = part.offsets.get(topic)
+        if expected is None or offset == expected:
+            part.seeking.pop(topic, None)
+            return True
+        if offset < expected:
+            self.metrics.duplicates.labels("join", "replayed").inc()
+            return False
+        since = part.seeking.setdefault(topic, (expected, now))
+        if since[0] != expected:
+            part.seeking[topic] = since = (expected, now)
+        if now - since[1] < self.options.hole_timeout_s * 1000:
+            return False
+        log.warning("join: %s/%d has no records %d..%d; going on", topic, part.partition, expected, offset - 1)
+        part.seeking.pop(topic, None)
+        return True
+
+    async def _commit_state_offsets(self) -> None:
+        """Commit the offsets the state needs next, so faust's seek resumes there.
+
+        faust commits what its streams acknowledged; after a kill -9 those offsets were seen
+        ahead of the state (records acknowledged, never in the state), so they are replaced
+        by the state's own on every assignment.
+        """
+        consumer = self.app.consumer
+        assigned = consumer.assignment()
+        sources = (self.topics.decisions, self.topics.rewards)
+        offsets = {
+            TP(topic, partition): offset
+            for partition, part in self.parts.items()
+            for topic, offset in part.offsets.items()
+            if topic in sources and TP(topic, partition) in assigned
+        }
+        if offsets:
+            await consumer._thread.commit(offsets)  # on the consumer's thread
+            for tp, offset in offsets.items():
+                consumer._committed_offset[tp] = offset
+            log.info("join: resuming from the state's offsets %s", sorted((tp.topic, tp.partition, o) for tp, o in offsets.items()))
 
     async def sweep(self) -> None:
         async with self._lock:
             now = time.time() * 1000.0
             out = Outputs()
-            caps, busy = await self._clocks()
+            clocks = await self._clocks()
             for partition, part in self.parts.items():
-                self.core.fire(part, now, out, None, caps.get(partition), partition not in busy)
+                self.core.fire(part, now, out, None, *clocks.get(partition, (None, part.rewards_read)))
             await asyncio.shield(self._commit(out, self.parts.values()))
             if time.monotonic() >= self._next_purge:
                 self._next_purge = time.monotonic() + self.options.purge_interval_s
+                self._log_status(clocks)
                 retention_ms = self.options.done_retention_s * 1000.0
                 for part in self.parts.values():
                     part.purge_done(now, retention_ms, self.options.purge_scan)
             self._report_lag()
 
-    async def _clocks(self) -> tuple[dict[int, int], set[int]]:
-        """What bounds each partition's clock now.
+    def _log_status(self, clocks: dict[int, tuple[int | None, int]]) -> None:
+        for partition, part in sorted(self.parts.items()):
+            complete_at, cap = clocks.get(partition, (None, None))
+            log.info(
+                "join p%d: clock %d, waiting %d (next deadline %s), decisions read to %s, rewards to %s, "
+                "positions %s",
+                partition, part.watermark, len(part.heap), part.heap[0][0] if part.heap else None, complete_at, cap,
+                [self.positions.get((t, partition)) for t in (self.topics.decisions, self.topics.rewards)],
+            )  # fmt: skip
 
-        Returns ``(caps, busy)``: ``caps`` for partitions whose rewards are read behind the
-        end (how far, in producer time: the clock must not pass it), ``busy`` for partitions
-        whose decisions are read behind the end (their clock must not run on with the wall
-        clock; the decisions still to read carry it). The end is the highwater carried by
-        fetch responses, right on every broker.
+    async def _clocks(self) -> dict[int, tuple[int | None, int]]:
+        """Per partition: up to when its decisions and its rewards are known to be read.
+
+        ``(complete_at, cap)``: the time up to which the decisions partition is read to its
+        end (None while it has records left), and the time up to which its rewards are
+        (the producer time of the newest reward read, or later when the rewards partition is
+        read to its end). "Read to the end as of time F": the consumer handled everything up
+        to the highwater that the fetch response at F carried (right on every broker, unlike
+        a queried end offset), less ``in_flight_margin_s`` for records still on their way.
         """
-        caps: dict[int, int] = {}
-        busy: set[int] = set()
+        margin = int(self.options.in_flight_margin_s * 1000)
+        clocks: dict[int, tuple[int | None, int]] = {}
         for partition, part in self.parts.items():
-            if await self._lagging(self.topics.rewards, partition):
-                caps[partition] = part.rewards_read
-            if await self._lagging(self.topics.decisions, partition):
-                busy.add(partition)
-        return caps, busy
+            decisions = await self._read_to_end(self.topics.decisions, partition)
+            rewards = await self._read_to_end(self.topics.rewards, partition)
+            complete_at = None if decisions is None else decisions - margin
+            cap = part.rewards_read if rewards is None else max(part.rewards_read, rewards - margin)
+            clocks[partition] = (complete_at, cap)
+        return clocks
 
-    async def _lagging(self, topic: str, partition: int) -> bool:
-        """Whether records of this partition are still to be handled (unknown: yes).
-
-        A partition none of whose records were handled yet is caught up when the consumer's
-        position is at the end and nothing was handed to the stream.
-        """
-        consumer = self.app.consumer
-        tp = TP(topic, partition)
+    def _fetch_state(self, tp: TP) -> tuple[int | None, int | None]:
+        """(highwater, wall ms of the fetch response that carried it) from the consumer."""
         try:
-            highwater = consumer.highwater(tp)
+            consumer = self.app.consumer._thread._ensure_consumer()  # the aiokafka consumer
+            return consumer.highwater(tp), consumer.last_poll_timestamp(tp)
         except Exception:  # not assigned (any more), not fetched yet
-            return True
-        if highwater is None:
-            return True
-        position = self.positions.get((topic, partition))
-        if position is None and consumer._read_offset.get(tp) is None:
-            try:
-                fetched = await consumer.position(tp)
-            except Exception:
-                fetched = None
-            if fetched is not None and fetched >= highwater:
-                position = self.positions[(topic, partition)] = fetched
-        return position is None or position < highwater
+            return None, None
+
+    async def _read_to_end(self, topic: str, partition: int) -> int | None:
+        """The wall time (ms) up to which this partition is known handled to its end, or
+        None while records are left (or nothing is known yet).
+
+        Handled: up to the offset the partition's state stores (see :meth:`_in_sequence`), or
+        for a partition never handled, the group's committed offset.
+        """
+        tp = TP(topic, partition)
+        highwater, polled_at = self._fetch_state(tp)
+        if highwater is None or polled_at is None:
+            return None
+        part = self.parts.get(partition)
+        position = None if part is None else part.offsets.get(topic)
+        if position is None:  # nothing of it handled ever: from where the group starts
+            position = self.app.consumer._committed_offset.get(tp) or 0
+        if position < highwater:
+            return None
+        return int(polled_at)
 
     # -- emitting and persisting ---------------------------------------------------------
 

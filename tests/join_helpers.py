@@ -146,16 +146,23 @@ class Sender:
 
 
 def read_topic(kafka: KafkaSettings, topic: str, serde_name: str, *, expect: int | None = None,
-               idle_s: float = 3.0, timeout_s: float = 120.0, check=None) -> list[tuple[bytes | None, dict]]:
-    """Every record of ``topic`` as (key, decoded value): until ``expect`` are read and the topic
-    stays idle ``idle_s`` (so extra records are seen too), or ``timeout_s``. ``check()`` is
-    called between polls (e.g. to fail fast when the worker died)."""
+               idle_s: float = 3.0, timeout_s: float = 120.0, check=None, until=None) -> list[tuple[bytes | None, dict]]:
+    """Every record of ``topic`` as (key, decoded value), read from the start.
+
+    Reads until the records satisfy ``until(records)`` (default: at least ``expect`` of
+    them, or anything) and then ``idle_s`` pass without a new one (so extra records are seen
+    too), or ``timeout_s``. ``check()`` is called between polls (e.g. to fail fast when the
+    worker died).
+    """
     serde = AvroSerde(serde_name, framing="single_object", max_payload_bytes=8_000_000)
     consumer = Consumer(kafka.consumer_config(f"reader-{topic}-{time.monotonic_ns()}", **{"enable.partition.eof": False}))
     consumer.subscribe([topic])
+    if until is None:
+        def until(records):
+            return expect is None or len(records) >= expect
     out: list[tuple[bytes | None, dict]] = []
     deadline = time.monotonic() + timeout_s
-    last = time.monotonic()
+    last = None  # idle time counts from the first assignment (a group join takes seconds)
     try:
         while time.monotonic() < deadline:
             messages = consumer.consume(5000, 0.5)
@@ -167,13 +174,25 @@ def read_topic(kafka: KafkaSettings, topic: str, serde_name: str, *, expect: int
                 out.append((message.key(), serde.decode(message.value())))
             if check is not None:
                 check()
+            if last is None and consumer.assignment():
+                last = time.monotonic()
             if messages:
                 last = time.monotonic()
-            elif (expect is None or len(out) >= expect) and time.monotonic() - last > idle_s:
+            elif last is not None and until(out) and time.monotonic() - last > idle_s:
                 break
     finally:
         consumer.close()
     return out
+
+
+def every_event(event_ids) -> callable:
+    """``until`` for :func:`read_topic`: an update for each of ``event_ids`` was read."""
+    wanted = set(event_ids)
+
+    def done(records) -> bool:
+        return wanted <= {record["event_id"] for _, record in records}
+
+    return done
 
 
 class JoinThread:

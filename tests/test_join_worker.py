@@ -137,7 +137,7 @@ def test_every_decision_yields_exactly_one_update_with_the_right_aggregate(kafka
     work = Workload(kafka, topics, 50_000)
     with H.JoinThread(config) as worker:
         work.run()
-        updates = H.read_topic(kafka, topics.updates, "update", expect=len(work.decisions), idle_s=WINDOW_S + 2,
+        updates = H.read_topic(kafka, topics.updates, "update", until=H.every_event(work.decisions), idle_s=2,
                                timeout_s=240, check=worker.check)
         work.send_after_join(sorted(work.decisions)[:300])
         dead = _deadletters(kafka, topics, expect=len(work.late), check=worker.check)
@@ -215,7 +215,7 @@ def test_kill_9_mid_run_then_restart_loses_no_decision(kafka, topics, tmp_path):
         time.sleep(1.0)
         worker = H.join_process(config_path, env, log)
         produced.join()
-        updates = H.read_topic(kafka, topics.updates, "update", expect=len(work.decisions), idle_s=WINDOW_S + 2,
+        updates = H.read_topic(kafka, topics.updates, "update", until=H.every_event(work.decisions), idle_s=2,
                                timeout_s=240)
         assert worker.poll() is None, log.read_text()[-3000:]
     finally:
@@ -225,10 +225,31 @@ def test_kill_9_mid_run_then_restart_loses_no_decision(kafka, topics, tmp_path):
     counts = H.by_event_id(updates)
     assert set(counts) == set(work.decisions)  # none lost; duplicates removed by event_id
     latest = {u["event_id"]: u for _, u in updates}
-    for event_id, update in latest.items():
-        want = work.expected(event_id)
-        assert update["join_status"] == want["join_status"] and update["reward_count"] == want["reward_count"], event_id
-        assert math.isclose(update["reward"], want["reward"], abs_tol=1e-9), event_id
+    wrong = [event_id for event_id, update in latest.items()
+             if update["reward_count"] != work.expected(event_id)["reward_count"]
+             or not math.isclose(update["reward"], work.expected(event_id)["reward"], abs_tol=1e-9)]
+    if wrong:
+        reward_serde = AvroSerde("reward", framing="single_object")
+        dead = _deadletters(kafka, topics, expect=1)
+        why = {reward_serde.decode(r["value"])["event_id"]: (r["reason"], r["source_partition"], r["message"][-50:])
+               for r in dead if r["source_topic"] == topics.rewards}
+        every = defaultdict(list)
+        for _, u in updates:
+            every[u["event_id"]].append((u["join_status"], u["reward_count"]))
+        where = {}
+        for topic in (topics.decisions, topics.rewards):
+            c = Consumer(kafka.consumer_config(f"diag-{topic}-{time.monotonic_ns()}"))
+            c.subscribe([topic])
+            end = time.monotonic() + 15
+            while time.monotonic() < end:
+                for m in c.consume(5000, 0.5):
+                    if m.error() is None and m.key() and m.key().decode() in wrong[:8]:
+                        where.setdefault(m.key().decode(), []).append((topic[-4:], m.partition(), m.offset(), m.timestamp()[1]))
+            c.close()
+        print("DIAG", where)
+        pytest.fail(f"{len(wrong)} wrong aggregates, e.g. "
+                    f"{[(e, e in work.early, why.get(e), every[e], work.expected(e)['reward_count']) for e in wrong[:8]]}; "
+                    f"dead letters {Counter(r['reason'] for r in dead)}; duplicates {sum(counts.values()) - len(counts)}")
 
 
 def test_bad_records_are_dead_lettered_with_their_reason_and_good_ones_joined(kafka, topics, tmp_path):
