@@ -17,6 +17,8 @@ worker):
   (``reward_without_decision``). Each keeps its raw bytes and source coordinates.
 * ``["X", done_wall_ms, reward_ids]`` - the decision was emitted; kept ``done_retention_s``
   so a replayed or duplicated decision or reward is recognised, then purged locally.
+* ``m:meta`` - the clock and the next source offset per topic the state needs; ``n:<domain>``
+  - the domain's normaliser statistics (per partition).
 
 The deadline index is an in-memory heap of ``(deadline_ms, key)`` per partition, rebuilt
 from the database when the partition is assigned (after faust's changelog recovery).
@@ -41,8 +43,7 @@ from __future__ import annotations
 
 import heapq
 import pickle
-import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -461,8 +462,3 @@ def _refuse(source: DeadLetter, reason: str, message: str) -> DeadLetter:
                       JoinError(reason, message), reason)
 
 
-def iter_changes(parts: Iterable[PartitionState]) -> Iterable[tuple[int, list[tuple[bytes, bytes | None]]]]:
-    for part in parts:
-        changes = part.changes()
-        if changes:
-            yield part.partition, changes

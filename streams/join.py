@@ -9,17 +9,25 @@ driver, one database per partition) driven by :mod:`streams._join_state`. Per ba
    a record that fails goes to the dead-letter topic, the rest go on;
 2. decisions open a join entry (features encoded now, the normaliser updated after),
    rewards attach to it, wait for it, or are late / duplicate;
-3. the partition's clock advances (event time, or the wall clock when traffic stops) and
-   every due entry is finalised: its UpdateEvent is built;
+3. the partition's clock advances (see :mod:`streams._join_state`: decision event time,
+   and the wall time up to which fetches found the partition read to its end, never past
+   what its rewards are read to) and every due entry is finalised: its UpdateEvent is built;
 4. **emit before marking done**: UpdateEvents and dead letters are produced and flushed,
-   then the state changes go to the table's changelog topic, then to local RocksDB (one
-   write batch per partition) with the changelog offset faust recovers from. A crash
-   between the steps can duplicate an UpdateEvent (the learner dedupes by event_id), never
-   lose one. faust commits the source offsets only after the batch returns.
+   then the state changes - with the next source offset per topic - go to the table's
+   changelog topic, then to local RocksDB (one write batch per partition) with the
+   changelog offset faust recovers from. A crash between the steps can duplicate an
+   UpdateEvent (the learner dedupes by event_id), never lose one.
 
-A faust timer sweeps every ``sweep_interval_s``: it advances every partition's clock by
-the wall clock and finalises what is due, so default rewards fire when traffic stops, and
-purges old done markers.
+Where reading resumes is the state's business, not faust's: on every assignment the
+offsets the state stores are committed before faust seeks to the committed offsets, and
+records below them are skipped as replays. (After kill -9, faust's own committed offsets
+were seen *ahead* of what the state held - records acknowledged through
+``take_events`` but never joined - which lost decisions.)
+
+A faust timer sweeps every ``sweep_interval_s``: it advances every partition's clock, so
+default rewards fire when traffic stops, and every ``purge_interval_s`` purges old done
+markers. A batch that cannot be emitted or persisted stops the process at once
+(exit 70) before faust can commit it; a restart replays it.
 
 Changelog writes bypass faust's per-key ``table[key] = value`` path (one aiokafka send per
 key, about 2,000 writes/s here) and go through librdkafka in bulk to the same changelog
@@ -32,7 +40,9 @@ faust recovers to is exact.
 Limitations: normaliser statistics are per partition (each partition observes only its
 own decisions, so partitions' features scale slightly differently until the statistics
 converge); the deadline index is in memory (about 100 bytes per waiting decision); a
-decision's ``deferred`` flag is carried through, not acted on.
+decision's ``deferred`` flag is not acted on; throughput is bounded by faust's per-event
+stream machinery (about 3,000 decision/reward pairs/s through the join on this 2-core
+machine, against about 8,000-10,000 events/s for a bare faust agent).
 """
 
 from __future__ import annotations

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import random
 import signal
+import threading
 import time
 import urllib.request
 from collections import Counter, defaultdict
@@ -130,6 +131,29 @@ class Workload:
                 "reward_time": max((r["timestamp"] for r in rewards), default=None)}
 
 
+def _explain(kafka, topics, work: "Workload", updates, wrong: list[str]) -> str:
+    """Why some decisions were joined wrong: their updates, dead letters and source records."""
+    reward_serde = AvroSerde("reward", framing="single_object")
+    dead = _deadletters(kafka, topics, expect=1)
+    why = {reward_serde.decode(r["value"])["event_id"]: (r["reason"], r["message"][-60:])
+           for r in dead if r["source_topic"] == topics.rewards}
+    every = defaultdict(list)
+    for _, u in updates:
+        every[u["event_id"]].append((u["join_status"], u["reward_count"]))
+    where: dict[str, list] = {}
+    for topic in (topics.decisions, topics.rewards):
+        consumer = Consumer(kafka.consumer_config(f"explain-{topic}-{time.monotonic_ns()}"))
+        consumer.subscribe([topic])
+        end = time.monotonic() + 10
+        while time.monotonic() < end:
+            for m in consumer.consume(5000, 0.5):
+                if m.error() is None and m.key() and m.key().decode() in wrong[:8]:
+                    where.setdefault(m.key().decode(), []).append((topic, m.partition(), m.offset(), m.timestamp()[1]))
+        consumer.close()
+    cases = [(e, e in work.early, why.get(e), every[e], work.expected(e)["reward_count"], where.get(e)) for e in wrong[:8]]
+    return f"{len(wrong)} wrong aggregates, e.g. {cases}; dead letters {Counter(r['reason'] for r in dead)}"
+
+
 def test_every_decision_yields_exactly_one_update_with_the_right_aggregate(kafka, topics, tmp_path):
     ensure_topics(kafka, topics)
     port = H.free_port()
@@ -149,10 +173,9 @@ def test_every_decision_yields_exactly_one_update_with_the_right_aggregate(kafka
     assert set(counts) == set(work.decisions)
     assert max(counts.values()) == 1, [e for e, c in counts.items() if c > 1][:5]
 
-    bad = [(u["event_id"], u["event_id"] in work.early, u["join_status"], u["reward_count"], work.expected(u["event_id"])["reward_count"])
-           for _, u in updates if u["reward_count"] != work.expected(u["event_id"])["reward_count"]]
-    dl = Counter((r["reason"]) for r in dead)
-    assert not bad, (len(bad), sum(b[1] for b in bad), bad[:10], dl)
+    miscounted = [(u["event_id"], u["event_id"] in work.early, u["reward_count"], work.expected(u["event_id"])["reward_count"])
+                  for _, u in updates if u["reward_count"] != work.expected(u["event_id"])["reward_count"]]
+    assert not miscounted, (len(miscounted), miscounted[:10], Counter(r["reason"] for r in dead))
     encoders = {name: FeatureEncoder(DomainSettings.model_validate(d).features) for name, d in _domains().items()}
     statuses = Counter()
     for key, update in updates:
@@ -201,7 +224,7 @@ def test_kill_9_mid_run_then_restart_loses_no_decision(kafka, topics, tmp_path):
     try:
         consumer = Consumer(kafka.consumer_config(f"watch-{topics.updates}"))
         consumer.subscribe([topics.updates])
-        produced = __import__("threading").Thread(target=work.run)
+        produced = threading.Thread(target=work.run)
         produced.start()
         seen = 0
         deadline = time.monotonic() + 120
@@ -228,28 +251,7 @@ def test_kill_9_mid_run_then_restart_loses_no_decision(kafka, topics, tmp_path):
     wrong = [event_id for event_id, update in latest.items()
              if update["reward_count"] != work.expected(event_id)["reward_count"]
              or not math.isclose(update["reward"], work.expected(event_id)["reward"], abs_tol=1e-9)]
-    if wrong:
-        reward_serde = AvroSerde("reward", framing="single_object")
-        dead = _deadletters(kafka, topics, expect=1)
-        why = {reward_serde.decode(r["value"])["event_id"]: (r["reason"], r["source_partition"], r["message"][-50:])
-               for r in dead if r["source_topic"] == topics.rewards}
-        every = defaultdict(list)
-        for _, u in updates:
-            every[u["event_id"]].append((u["join_status"], u["reward_count"]))
-        where = {}
-        for topic in (topics.decisions, topics.rewards):
-            c = Consumer(kafka.consumer_config(f"diag-{topic}-{time.monotonic_ns()}"))
-            c.subscribe([topic])
-            end = time.monotonic() + 15
-            while time.monotonic() < end:
-                for m in c.consume(5000, 0.5):
-                    if m.error() is None and m.key() and m.key().decode() in wrong[:8]:
-                        where.setdefault(m.key().decode(), []).append((topic[-4:], m.partition(), m.offset(), m.timestamp()[1]))
-            c.close()
-        print("DIAG", where)
-        pytest.fail(f"{len(wrong)} wrong aggregates, e.g. "
-                    f"{[(e, e in work.early, why.get(e), every[e], work.expected(e)['reward_count']) for e in wrong[:8]]}; "
-                    f"dead letters {Counter(r['reason'] for r in dead)}; duplicates {sum(counts.values()) - len(counts)}")
+    assert not wrong, _explain(kafka, topics, work, updates, wrong)
 
 
 def test_bad_records_are_dead_lettered_with_their_reason_and_good_ones_joined(kafka, topics, tmp_path):
