@@ -98,9 +98,6 @@ class JoinOptions:
     #: How long a record may take from its producer's clock to the broker's log: a partition
     #: read to its end at wall time F is taken as complete up to F minus this.
     in_flight_margin_s: float = 1.0
-    #: After seeking back to a missing offset, how long to wait for it before taking the
-    #: next record as the continuation (a real hole in the log), seconds.
-    hole_timeout_s: float = 10.0
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any] | None) -> "JoinOptions":
@@ -170,8 +167,6 @@ class PartitionState:
         self.rewards_read = -(1 << 62)
         #: Source topic -> next offset to handle: what the state reflects, stored with it.
         self.offsets: dict[str, int] = {}
-        #: Source topic -> (offset sought back to, wall ms) while a seek is under way.
-        self.seeking: dict[str, tuple[int, float]] = {}
         self.normalizers: dict[str, Normalizer] = {}
         self._encoders: dict[str, FeatureEncoder] = {}
         self._norm_dirty: set[str] = set()

@@ -275,7 +275,7 @@ class JoinWorker:
                 topic, partition, offset, raw = message.topic, message.partition, message.offset, message.value
                 counts[topic] = counts.get(topic, 0) + 1
                 part = self._part(partition)
-                if not self._in_sequence(part, topic, offset, now):
+                if not self._in_sequence(part, topic, offset):
                     continue
                 positions[(topic, partition)] = offset + 1
                 part.handled(topic, offset)
@@ -309,31 +309,23 @@ class JoinWorker:
             self.metrics.batch_size.labels("join").observe(len(events))
             await asyncio.shield(self._commit(out, self.parts.values()))
 
-    def _in_sequence(self, part: PartitionState, topic: str, offset: int, now: float) -> bool:
-        """Whether to handle this record: the next one the partition's state is missing.
+    def _in_sequence(self, part: PartitionState, topic: str, offset: int) -> bool:
+        """Whether to handle this record: it is not in the partition's state yet.
 
         The state stores, with every write, the next source offset it needs per topic, and
         commits those offsets to the group whenever partitions are assigned, before faust
         seeks to the committed offsets (:meth:`_commit_state_offsets`): reading resumes
         exactly where the state ends, whatever faust committed meanwhile. A record below
-        that offset is already in the state (a replay: skipped). One above it is dropped for
-        ``hole_timeout_s`` (records read before the seek lands), then taken (a real hole in
-        the log, e.g. transaction markers), with a warning.
+        that offset is already in the state (a replay: skipped). One above it follows a
+        hole in the log (transaction markers, compaction): taken, and logged.
         """
         expected = part.offsets.get(topic)
         if expected is None or offset == expected:
-            part.seeking.pop(topic, None)
             return True
         if offset < expected:
             self.metrics.duplicates.labels("join", "replayed").inc()
             return False
-        since = part.seeking.setdefault(topic, (expected, now))
-        if since[0] != expected:
-            part.seeking[topic] = since = (expected, now)
-        if now - since[1] < self.options.hole_timeout_s * 1000:
-            return False
-        log.warning("join: %s/%d has no records %d..%d; going on", topic, part.partition, expected, offset - 1)
-        part.seeking.pop(topic, None)
+        log.info("join: %s/%d has no records %d..%d", topic, part.partition, expected, offset - 1)
         return True
 
     async def _commit_state_offsets(self) -> None:
