@@ -21,19 +21,14 @@ swaps marked) and, with ``--json``, the figures as JSON.
 
 from __future__ import annotations
 
-import contextlib
 import heapq
 import json
 import logging
-import os
 import re
 import shutil
 import signal
-import subprocess
-import sys
 import tempfile
 import time
-import urllib.request
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,8 +40,9 @@ from rich.live import Live
 from rich.table import Table
 
 from banditstream.decider import Decider, PulledSnapshots
-from banditstream.devstack import LocalStack, free_port
+from banditstream.devstack import LocalStack
 from banditstream.simulate import ENVIRONMENTS, Environment, make_environment
+from banditstream.workers import WorkerExited, WorkerProcesses
 from learner.domain import DomainSettings
 from streams.settings import KafkaSettings, TopicSettings
 from streams.topics import ensure_topics
@@ -113,7 +109,7 @@ def run(options: DemoOptions, console: Console | None = None) -> dict[str, Any]:
     workdir = Path(options.workdir or tempfile.mkdtemp(prefix="banditstream-demo-"))
     workdir.mkdir(parents=True, exist_ok=True)
     stack = LocalStack(workdir / "stack", s3=options.s3)
-    workers = _Workers(workdir, console)
+    workers = _Workers(workdir)
     previous = signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
     logging.getLogger("publisher").setLevel(logging.ERROR)  # "nothing published yet" while polling
     try:
@@ -133,63 +129,16 @@ def _raise_keyboard_interrupt(*_):
     raise KeyboardInterrupt
 
 
-class _Workers:
-    """The worker processes: each in its own process group, all stopped together."""
-
-    def __init__(self, workdir: Path, console: Console):
-        self.workdir = workdir
-        self.console = console
-        self.processes: dict[str, subprocess.Popen] = {}
-        self.ports: dict[str, int] = {}
-
-    def start(self, name: str, config: Path, env: dict[str, str]) -> None:
-        port = free_port()
-        self.ports[name] = port
-        log = open(self.workdir / f"{name}.log", "wb")
-        self.processes[name] = subprocess.Popen(
-            [sys.executable, "-m", "banditstream.cli", "--config", str(config), name],
-            env={**os.environ, **env, "BANDITSTREAM_METRICS__PORT": str(port), "OPENBLAS_NUM_THREADS": "1"},
-            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
-        )  # fmt: skip
-
+class _Workers(WorkerProcesses):
     def check(self) -> None:
-        for name, process in self.processes.items():
-            if process.poll() is not None:
-                tail = (self.workdir / f"{name}.log").read_text(errors="replace").strip().splitlines()[-5:]
-                raise DemoError(f"the {name} worker exited with code {process.returncode}: " + " | ".join(tail))
+        try:
+            super().check()
+        except WorkerExited as exc:
+            raise DemoError(str(exc)) from None
 
     def metric(self, name: str, family: str) -> dict[str, float]:
-        """``label-value -> value`` of one metric family from a worker's /metrics."""
-        port = self.ports.get(name)
-        if port is None:
-            return {}
-        try:
-            text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=0.5).read().decode()
-        except OSError:
-            return {}
-        values: dict[str, float] = {}
-        for line in text.splitlines():
-            if line.startswith(family):
-                match = re.match(rf"{family}(?:\{{(.*)\}})? (\S+)", line)
-                if match:
-                    values[match.group(1) or ""] = values.get(match.group(1) or "", 0.0) + float(match.group(2))
-        return values
-
-    def stop(self, timeout: float = 20.0) -> None:
-        for process in self.processes.values():
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGTERM)
-        deadline = time.monotonic() + timeout
-        for process in self.processes.values():
-            try:
-                process.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                pass
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGKILL)  # whatever is left of the group
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                process.wait(5)
-        self.processes.clear()
+        """``labels -> value`` of one metric family from a worker's /metrics."""
+        return self.scrape(name).get(family, {})
 
 
 class _Demo:
@@ -278,7 +227,7 @@ class _Demo:
         config_path, domain_settings = self._config()
         ensure_topics(self.kafka, self.topics)
         for name in ("join", "learn", "publish"):
-            self.workers.start(name, config_path, {})
+            self.workers.start(name, config_path)
         repository = f"s3://banditstream-demo/snapshots" if self.o.s3 else str(self.workdir / "snapshots")
         deciders: dict[str, Decider] = {}
         sources: dict[str, PulledSnapshots] = {}

@@ -80,7 +80,6 @@ during the throughput phase; the latency histogram) goes to ``benchmarks/out/pip
 from __future__ import annotations
 
 import argparse
-import contextlib
 import gc
 import json
 import os
@@ -93,7 +92,6 @@ import sys
 import tempfile
 import threading
 import time
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -108,7 +106,8 @@ from rich.live import Live  # noqa: E402
 from rich.table import Table  # noqa: E402
 
 from banditstream.config import load_settings  # noqa: E402
-from banditstream.devstack import LocalStack, free_port  # noqa: E402
+from banditstream.devstack import LocalStack  # noqa: E402
+from banditstream.workers import WorkerExited, WorkerProcesses  # noqa: E402
 from streams.serde import AvroSerde  # noqa: E402
 from streams.settings import KafkaSettings, TopicSettings  # noqa: E402
 from streams.topics import ensure_topics  # noqa: E402
@@ -282,66 +281,17 @@ def _cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-class Workers:
-    """The join and learner processes, each in its own process group."""
-
-    def __init__(self, workdir: Path):
-        self.workdir = workdir
-        self.processes: dict[str, subprocess.Popen] = {}
-        self.ports: dict[str, int] = {}
+class Workers(WorkerProcesses):
+    """The join and learner processes (banditstream.workers), run from the repository root."""
 
     def start(self, name: str, config: Path, *, profile: Path | None = None) -> None:
-        """Start ``banditstream <name>``; with ``profile``, under cProfile writing stats there
-        when SIGTERM ends it."""
-        port = free_port()
-        self.ports[name] = port
-        prefix = ["-m", "cProfile", "-o", str(profile)] if profile else []
-        with open(self.workdir / f"{name}.log", "wb") as log:
-            self.processes[name] = subprocess.Popen(
-                [sys.executable, *prefix, "-m", "banditstream.cli", "--config", str(config), name],
-                env={**os.environ, "BANDITSTREAM_METRICS__PORT": str(port), "OPENBLAS_NUM_THREADS": "1"},
-                cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
-            )  # fmt: skip
+        super().start(name, config, profile=profile, cwd=ROOT)
 
     def check(self) -> None:
-        for name, process in self.processes.items():
-            if process.poll() is not None:
-                tail = (self.workdir / f"{name}.log").read_text(errors="replace").strip().splitlines()[-5:]
-                raise BenchError(f"the {name} worker exited with code {process.returncode}: " + " | ".join(tail))
-
-    def pids(self) -> dict[str, int]:
-        return {name: p.pid for name, p in self.processes.items()}
-
-    def scrape(self, name: str) -> dict[str, dict[str, float]]:
-        """Every sample of a worker's /metrics as ``family -> labels -> value`` ({} if it does
-        not answer)."""
-        port = self.ports.get(name)
-        if port is None:
-            return {}
         try:
-            text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=1.0).read().decode()
-        except OSError:
-            return {}
-        samples: dict[str, dict[str, float]] = {}
-        for line in text.splitlines():
-            match = re.match(r"([a-zA-Z_:][\w:]*)(?:\{(.*)\})? (\S+)$", line)
-            if match:
-                samples.setdefault(match.group(1), {})[match.group(2) or ""] = float(match.group(3))
-        return samples
-
-    def stop(self, timeout: float = 20.0) -> None:
-        for process in self.processes.values():
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGTERM)
-        deadline = time.monotonic() + timeout
-        for process in self.processes.values():
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                process.wait(max(0.1, deadline - time.monotonic()))
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGKILL)  # whatever is left of the group
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                process.wait(5)
-        self.processes.clear()
+            super().check()
+        except WorkerExited as exc:
+            raise BenchError(str(exc)) from None
 
 
 def _total(samples: dict[str, dict[str, float]], family: str) -> float:
