@@ -371,6 +371,7 @@ class _Demo:
             f"{made / elapsed:,.0f} decisions/s",
             f"joins rewarded [bold]{joins.get('rewarded', 0):,.0f}[/] default [bold]{joins.get('default', 0):,.0f}[/]",
             f"late rewards sent {self.sent['late']:,}",
+            f"snapshots published {sum(self.workers.metric('publish', 'banditstream_snapshots_published_total').values()):,.0f}",
         )
         table = Table("domain", "snapshot in use", "snapshots", "reward (last 500)", "oracle (last 500)", "random (last 500)")
         for name, log in self.logs.items():
