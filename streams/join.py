@@ -211,8 +211,9 @@ class JoinWorker:
         main = threading.current_thread() is threading.main_thread()
         loop = asyncio.new_event_loop()
         asyncio.set_event_loop(loop)
+        loglevel = os.environ.get("BANDITSTREAM_JOIN_LOGLEVEL", "WARNING")  # INFO: clocks every purge_interval_s
         self.worker = _Worker(
-            self.app, loop=loop, loglevel=os.environ.get("BANDITSTREAM_JOIN_LOGLEVEL", "WARNING"), quiet=True, override_logging=main, redirect_stdouts=False
+            self.app, loop=loop, loglevel=loglevel, quiet=True, override_logging=main, redirect_stdouts=False
         )
         try:
             self.worker.execute_from_commandline()
@@ -227,9 +228,8 @@ class JoinWorker:
     def _fail_stop(self, exc: BaseException) -> None:
         """A batch could not be emitted or persisted (broker down past the timeouts, a bug).
 
-        Stop at once, before faust acknowledges and commits the batch: a restart replays it
-        from the last committed offsets (at-least-once). Records never get here; they are
-        dead-lettered one by one.
+        Stop at once: a restart resumes from the offsets the state stores, so the batch is
+        read again (at-least-once). Records never get here; they are dead-lettered one by one.
         """
         log.critical("join: stopping without committing the current batch: %r", exc, exc_info=exc)
         if threading.current_thread() is threading.main_thread():

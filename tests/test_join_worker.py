@@ -63,6 +63,20 @@ class Workload:
         self.on_time: dict[str, dict[str, dict]] = defaultdict(dict)  # event_id -> reward_id -> reward
         self.late: set[tuple[str, str]] = set()
         self.early: set[str] = set()
+        self.error: BaseException | None = None
+
+    def run_in_thread(self) -> threading.Thread:
+        """:meth:`run` in a thread; its error, if any, is kept in :attr:`error`."""
+
+        def target():
+            try:
+                self.run()
+            except BaseException as exc:
+                self.error = exc
+
+        thread = threading.Thread(target=target, name="workload")
+        thread.start()
+        return thread
 
     def run(self) -> None:
         rng, domains = self.rng, list(H.DOMAINS)
@@ -151,7 +165,8 @@ def _explain(kafka, topics, work: "Workload", updates, wrong: list[str]) -> str:
                     where.setdefault(m.key().decode(), []).append((topic, m.partition(), m.offset(), m.timestamp()[1]))
         consumer.close()
     cases = [(e, e in work.early, why.get(e), every[e], work.expected(e)["reward_count"], where.get(e)) for e in wrong[:8]]
-    return f"{len(wrong)} wrong aggregates, e.g. {cases}; dead letters {Counter(r['reason'] for r in dead)}"
+    return (f"{len(wrong)} decisions joined wrong or not at all, e.g. (event_id, early, dead letter, updates, "
+            f"rewards expected, records) {cases}; dead letters {Counter(r['reason'] for r in dead)}")
 
 
 def test_every_decision_yields_exactly_one_update_with_the_right_aggregate(kafka, topics, tmp_path):
@@ -224,8 +239,7 @@ def test_kill_9_mid_run_then_restart_loses_no_decision(kafka, topics, tmp_path):
     try:
         consumer = Consumer(kafka.consumer_config(f"watch-{topics.updates}"))
         consumer.subscribe([topics.updates])
-        produced = threading.Thread(target=work.run)
-        produced.start()
+        produced = work.run_in_thread()
         seen = 0
         deadline = time.monotonic() + 120
         while seen < 4000 and time.monotonic() < deadline:  # kill once it has joined a good part
@@ -238,6 +252,7 @@ def test_kill_9_mid_run_then_restart_loses_no_decision(kafka, topics, tmp_path):
         time.sleep(1.0)
         worker = H.join_process(config_path, env, log)
         produced.join()
+        assert work.error is None, f"the workload could not produce: {work.error!r}"
         updates = H.read_topic(kafka, topics.updates, "update", until=H.every_event(work.decisions), idle_s=2,
                                timeout_s=240)
         assert worker.poll() is None, log.read_text()[-3000:]
@@ -246,7 +261,8 @@ def test_kill_9_mid_run_then_restart_loses_no_decision(kafka, topics, tmp_path):
         code = worker.wait(60)
     assert code == 0, log.read_text()[-3000:]
     counts = H.by_event_id(updates)
-    assert set(counts) == set(work.decisions)  # none lost; duplicates removed by event_id
+    missing = sorted(set(work.decisions) - set(counts))
+    assert not missing, _explain(kafka, topics, work, updates, missing)  # none lost (duplicates: removed by event_id)
     latest = {u["event_id"]: u for _, u in updates}
     wrong = [event_id for event_id, update in latest.items()
              if update["reward_count"] != work.expected(event_id)["reward_count"]
