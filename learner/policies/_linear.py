@@ -207,3 +207,17 @@ class LinearPolicy(Policy):
     @classmethod
     def _unit_test_params(cls) -> dict[str, Any]:
         return {"dim": 4, "eps0": 0.1, "seed": 0, "prior_strength": 1.0}
+
+
+class ThompsonParams:
+    """``v`` (posterior scale) and ``n_draws`` (draws per decision), checked once for both
+    Thompson-sampling policies (disjoint and shared)."""
+
+    def __init__(self, dim: int, *, v: float = 1.0, n_draws: int = 128, **kwargs: Any) -> None:
+        if not (v >= 0.0 and np.isfinite(v)):
+            raise ValueError(f"v must be finite and >= 0, got {v!r}")
+        if isinstance(n_draws, bool) or int(n_draws) != n_draws or n_draws < 1:
+            raise ValueError(f"n_draws must be an int >= 1, got {n_draws!r}")
+        self.v = float(v)
+        self.n_draws = int(n_draws)
+        super().__init__(dim, **kwargs)

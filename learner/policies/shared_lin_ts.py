@@ -6,11 +6,11 @@ from typing import Any
 
 import numpy as np
 
-from learner.policies._linear import LinearPolicy
+from learner.policies._linear import LinearPolicy, ThompsonParams
 from learner.policies.base import Block, gaussian_argmax_frequencies
 
 
-class SharedLinTS(LinearPolicy):
+class SharedLinTS(ThompsonParams, LinearPolicy):
     """Linear Thompson sampling with one Gaussian posterior over action-dependent rows.
 
     One draw ``theta~ = theta + v L z`` (z ~ N(0, I_d)) scores every candidate, so the sampled
@@ -40,15 +40,6 @@ class SharedLinTS(LinearPolicy):
 
     name = "shared_lin_ts"
     shared = True
-
-    def __init__(self, dim: int, *, v: float = 1.0, n_draws: int = 128, **kwargs: Any) -> None:
-        if not (v >= 0.0 and np.isfinite(v)):
-            raise ValueError(f"v must be finite and >= 0, got {v!r}")
-        if isinstance(n_draws, bool) or int(n_draws) != n_draws or n_draws < 1:
-            raise ValueError(f"n_draws must be an int >= 1, got {n_draws!r}")
-        self.v = float(v)
-        self.n_draws = int(n_draws)
-        super().__init__(dim, **kwargs)
 
     def _policy_probabilities(
         self, X: np.ndarray, slots: np.ndarray, block: Block | None, rng: np.random.Generator
