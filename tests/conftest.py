@@ -11,6 +11,8 @@ import uuid
 import pytest
 
 from banditstream.devstack import LocalStack, StackInfo
+from publisher.repository import create_root
+from publisher.signing import KeyRing
 from streams.settings import KafkaSettings, TopicSettings
 
 
@@ -53,3 +55,15 @@ def s3(stack) -> dict:
         "aws_secret_access_key": stack.s3_secret_key,
         "region_name": stack.s3_region,
     }
+
+
+@pytest.fixture(scope="module")
+def keys() -> KeyRing:
+    """Fresh Ed25519 keys for every TUF role."""
+    return KeyRing.generate()
+
+
+@pytest.fixture(scope="module")
+def root(keys) -> bytes:
+    """The signed root.json those keys make."""
+    return create_root(keys)

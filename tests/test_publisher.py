@@ -29,8 +29,8 @@ from publisher.errors import (
 from publisher.guards import GuardConfig
 from publisher.publish import Publisher, PublisherConfig
 from publisher.pull import SnapshotClient
-from publisher.repository import RepositoryConfig, create_root, target_name
-from publisher.signing import KeyRing, NaclSigner
+from publisher.repository import RepositoryConfig, target_name
+from publisher.signing import NaclSigner
 from publisher.snapshot import STATE_MAJOR, SemVer, Snapshot
 from publisher.stores import DirectoryStore
 from publisher.worker import PublisherSettings, run_publisher
@@ -53,16 +53,6 @@ def learn(policy: Policy, n: int = 120, *, seed: int = 0, scale: float = 1.0) ->
     rewards = X[:, 1] * 0.3 + rng.normal(0, 0.1, n)
     policy.update_batch(X, arms, rewards)
     return policy
-
-
-@pytest.fixture(scope="module")
-def keys() -> KeyRing:
-    return KeyRing.generate()
-
-
-@pytest.fixture(scope="module")
-def root(keys) -> bytes:
-    return create_root(keys)
 
 
 @pytest.fixture

@@ -14,8 +14,6 @@ from publisher.errors import AlreadyExists, HashMismatchError, PreconditionFaile
 from publisher.guards import GuardConfig
 from publisher.publish import Publisher, PublisherConfig
 from publisher.pull import SnapshotClient
-from publisher.repository import create_root
-from publisher.signing import KeyRing
 from publisher.stores import S3Store, open_store
 
 SETTINGS = DomainSettings(policy="lin_ts", params={"seed": 1}, features={"dimension": 8})
@@ -28,16 +26,6 @@ def learned(seed: int):
     policy = SETTINGS.make_policy()
     policy.update_batch(rng.standard_normal((90, 8)), [ARMS[i % 3] for i in range(90)], rng.random(90))
     return policy
-
-
-@pytest.fixture(scope="module")
-def keys() -> KeyRing:
-    return KeyRing.generate()
-
-
-@pytest.fixture(scope="module")
-def root(keys) -> bytes:
-    return create_root(keys)
 
 
 @pytest.fixture
