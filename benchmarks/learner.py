@@ -275,7 +275,9 @@ class OursLearner:
         self._rng = np.random.default_rng(seed)
 
     def choose(self, x: np.ndarray) -> tuple[int, float]:
-        candidates = np.broadcast_to(x, (len(self.arm_ids), x.shape[0]))
+        # The (K, d) matrix the SDK's encoder builds, one context row per arm; copying the row is
+        # cheaper than the Python-level np.broadcast_to on this hot path.
+        candidates = x[None, :].repeat(len(self.arm_ids), axis=0)
         choice = self.policy.probabilities(candidates, self.arm_ids, self._rng)
         return choice.chosen, choice.probability
 

@@ -299,6 +299,24 @@ def test_thompson_probability_estimates_the_chance_a_posterior_draw_wins():
     assert abs(estimate - exact) < 4 * 0.5 / math.sqrt(20_000)
 
 
+def test_thompson_default_n_draws_estimates_within_the_documented_standard_error():
+    """At the default n_draws each estimate is unbiased and its root-mean-square error against a
+    large-draw reference stays within the documented 0.5 / sqrt(n_draws)."""
+    cls = POLICIES["lin_ts"]
+    params = {k: v for k, v in cls._unit_test_params().items() if k != "n_draws"}
+    policy = cls(**{**params, "eps0": 0.0, "v": 0.8})
+    policy.update_batch(*labelled(policy, 300, seed=1))  # the same state as trained() below
+    bound = 0.5 / math.sqrt(policy.n_draws)
+    X = np.tile([1.0, 0.4, -0.3, 0.2], (3, 1))
+    reference = trained("lin_ts", eps0=0.0, v=0.8, n_draws=400_000).probabilities(X, ARMS, rng=0).probabilities
+    assert (reference > 0.05).all()  # every arm has a probability worth estimating
+    rng = np.random.default_rng(2)
+    n = 1000
+    estimates = np.array([policy.probabilities(X, ARMS, rng).probabilities for _ in range(n)])
+    assert (np.abs(estimates.mean(axis=0) - reference) <= 4 * bound / math.sqrt(n)).all()
+    assert (np.sqrt(((estimates - reference) ** 2).mean(axis=0)) <= bound).all()
+
+
 def test_beta_ts_learns_each_segment_separately():
     policy = make_policy("beta_ts", dim=4, segment_slots=[1, 2], eps0=0.0, n_draws=400, seed=0)
     seg0, seg1, other = [1.0, 1.0, 0.0, 0.3], [1.0, 0.0, -1.0, 0.3], [1.0, 0.0, 0.0, 0.3]

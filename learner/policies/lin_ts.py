@@ -27,9 +27,11 @@ class LinTS(ThompsonParams, LinearPolicy):
     Two consequences: the reported probability is exactly the one the choice was drawn with, so
     inverse-propensity estimates from the log stay unbiased whatever ``n_draws`` is (it only
     moves their variance); and since the estimate is unbiased, the policy acts marginally
-    exactly as Thompson sampling (``n_draws=1`` is the textbook algorithm).
+    exactly as Thompson sampling (``n_draws=1`` is the textbook algorithm). The default of 64
+    draws bounds the standard error by 0.0625; 128 would bring it to 0.044 for about a sixth
+    more decide time at 10 arms, d=64 (drawing the normals is the bulk of the difference).
 
-    Parameters: ``v`` (>= 0) posterior scale; ``n_draws`` (>= 1) draws per decision;
+    Parameters: ``v`` (>= 0) posterior scale; ``n_draws`` (>= 1, default 64) draws per decision;
     ``refactor_every``, ``intercept_index`` (:class:`~learner.policies._linear.LinearPolicy`);
     ``dim``, ``eps0``, ``gamma``, ``prior_mean``, ``prior_strength``, ``arm_priors``, ``seed``
     (:class:`~learner.policies.base.Policy`).
