@@ -46,6 +46,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from learner.domain import DomainSettings
 from learner.features import FeatureEncoder
 from learner.policies import Policy
+from streams.errors import EmptyActions, NonFiniteFeature, WrongDimension
 from streams.serde import AvroSerde
 from streams.settings import KafkaSettings, TopicSettings
 from streams.validation import ValidationLimits, Validator
@@ -56,6 +57,9 @@ Mode = Literal["live", "shadow", "off"]
 MODES = ("live", "shadow", "off")
 _FALSE = {"0", "false", "no", "off", "disabled"}
 _TRUE = {"1", "true", "yes", "on", "enabled"}
+_EVENT_FORM = frozenset(("numeric", "categorical", "vector"))
+#: candidate lists of plain ids kept with their records (past it, the cache starts over)
+_KNOWN_CANDIDATES = 1024
 
 
 @dataclass(frozen=True)
@@ -232,6 +236,7 @@ class Decider:
         self._clock = clock
         self._env = os.environ if env is None else env
         self._explicit_mode = mode
+        self._domain_switch = f"ENABLE_RL_{_env_name(domain)}"
         if mode is not None and mode not in MODES:
             raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
         self._rng = np.random.default_rng(seed)
@@ -242,6 +247,7 @@ class Decider:
         self._decisions_by_mode = {m: self.metrics.decisions.labels(domain, m) for m in MODES}
         self._decide_latency = self.metrics.decide_latency.labels(domain)
         self._recent: OrderedDict[str, str] = OrderedDict()  # event_id -> acted arm, for cost tracking
+        self._known_candidates: dict[tuple[str, ...], list[dict[str, Any]]] = {}
         self._remember = remember_decisions
         self._active: ActivePolicy | None = None
         if repository is not None and not hasattr(repository, "latest") and hasattr(repository, "refresh"):
@@ -276,7 +282,7 @@ class Decider:
         flag = self._env.get("ENABLE_RL_GLOBAL")
         if flag is not None and flag.strip().lower() in _FALSE:
             return "off"
-        domain_flag = self._env.get(f"ENABLE_RL_{_env_name(self.domain)}")
+        domain_flag = self._env.get(self._domain_switch)
         if domain_flag is not None:
             value = domain_flag.strip().lower()
             if value in _FALSE:
@@ -309,7 +315,7 @@ class Decider:
         """
         started = time.perf_counter()
         ctx = _context_record(context)
-        acts = [_action_record(a) for a in actions]
+        acts = self._action_records(actions)
         _check_inputs(ctx, acts, self.settings.features.vector_dim)
         event_id = event_id or uuid.uuid4().hex
         mode = self.mode
@@ -334,7 +340,7 @@ class Decider:
                 chosen = baseline
                 probabilities[baseline] = 1.0
             else:
-                candidates = [acts[i] for i in allowed]
+                candidates = acts if len(allowed) == len(acts) else [acts[i] for i in allowed]
                 X = active.encoder.action_matrix(ctx, candidates)
                 choice = active.policy.probabilities(X, [a["id"] for a in candidates], rng=self._rng)
                 if mode == "shadow":
@@ -494,6 +500,22 @@ class Decider:
             return [0]
         return allowed
 
+    def _action_records(self, actions: Sequence[str | Mapping[str, Any]]) -> list[dict[str, Any]]:
+        """The candidates as records; a list of plain ids usually repeats, so its records are
+        kept (they are only read: by the encoder and the event's serialisation)."""
+        key = tuple(actions)
+        try:
+            acts = self._known_candidates.get(key)
+        except TypeError:  # unhashable: actions with features, recorded afresh
+            return [_action_record(a) for a in key]
+        if acts is None:
+            acts = [_action_record(a) for a in key]
+            if all(type(a) is str for a in key):
+                if len(self._known_candidates) >= _KNOWN_CANDIDATES:
+                    self._known_candidates.clear()
+                self._known_candidates[key] = acts
+        return acts
+
     def _remember_arm(self, event_id: str, arm: str) -> None:
         recent = self._recent
         recent[event_id] = arm
@@ -513,24 +535,30 @@ def _warm(active: ActivePolicy) -> None:
 
 def _check_inputs(ctx: dict[str, Any], acts: list[dict[str, Any]], vector_dim: int) -> None:
     """The caller's part of a DecisionEvent, validated at the boundary (the rest is ours)."""
-    from streams.errors import EmptyActions, NonFiniteFeature, WrongDimension
-
     if not acts:
         raise EmptyActions("actions", [], "decide needs at least one candidate")
-    for where, record in [("context", ctx)] + [(f"actions[{i}].features", a["features"]) for i, a in enumerate(acts)]:
-        for name, value in record["numeric"].items():
-            if not math.isfinite(value):
-                raise NonFiniteFeature(f"{where}.numeric[{name!r}]", value, "features must be finite")
-        vector = record["vector"]
-        if vector:
-            if vector_dim and where == "context" and len(vector) != vector_dim:
-                raise WrongDimension(f"{where}.vector", len(vector), f"expected {vector_dim} values")
-            if not all(map(math.isfinite, vector)):
-                raise NonFiniteFeature(f"{where}.vector", vector, "features must be finite")
+    _check_features("context", ctx, vector_dim)
+    for i, act in enumerate(acts):
+        features = act["features"]
+        if features["numeric"] or features["vector"]:
+            _check_features(f"actions[{i}].features", features, 0)
+
+
+def _check_features(where: str, record: dict[str, Any], vector_dim: int) -> None:
+    """One Features record: finite numbers; a dense vector of ``vector_dim`` values if set."""
+    for name, value in record["numeric"].items():
+        if not math.isfinite(value):
+            raise NonFiniteFeature(f"{where}.numeric[{name!r}]", value, "features must be finite")
+    vector = record["vector"]
+    if vector:
+        if vector_dim and len(vector) != vector_dim:
+            raise WrongDimension(f"{where}.vector", len(vector), f"expected {vector_dim} values")
+        if not all(map(math.isfinite, vector)):
+            raise NonFiniteFeature(f"{where}.vector", vector, "features must be finite")
 
 
 def _context_record(context: Mapping[str, Any]) -> dict[str, Any]:
-    if set(context) <= {"numeric", "categorical", "vector"} and context:
+    if context and context.keys() <= _EVENT_FORM:
         return {
             "numeric": {k: float(v) for k, v in context.get("numeric", {}).items()},
             "categorical": {k: str(v) for k, v in context.get("categorical", {}).items()},
@@ -540,7 +568,9 @@ def _context_record(context: Mapping[str, Any]) -> dict[str, Any]:
     categorical: dict[str, str] = {}
     vector: list[float] = []
     for name, value in context.items():
-        if isinstance(value, bool):
+        if type(value) is float:  # the usual case, first
+            numeric[name] = value
+        elif isinstance(value, bool):
             categorical[name] = "true" if value else "false"
         elif isinstance(value, (int, float)):
             numeric[name] = float(value)

@@ -1,12 +1,12 @@
 """Non-blocking event emission for the SDK, with a local spool while Kafka is unreachable.
 
 ``emit`` never waits for the network: it hands the encoded event to the confluent-kafka
-producer (delivery reported through callbacks) or, while the broker is unreachable or the
-spool still holds older events, appends it to the spool so order is kept. A background
-thread serves delivery callbacks and, once the broker answers again, drains the spool in
-order, committing each record only after the broker acknowledged it. A record whose
-delivery fails goes to the spool too. Past the spool's bound, events are counted and
-logged, never silently dropped.
+producer (delivery reported through callbacks, served by ``emit`` itself) or, while the
+broker is unreachable or the spool still holds older events, appends it to the spool so
+order is kept. A background thread serves the callbacks ``emit`` left (when events stop
+coming) and, once the broker answers again, drains the spool in order, committing each
+record only after the broker acknowledged it. A record whose delivery fails goes to the
+spool too. Past the spool's bound, events are counted and logged, never silently dropped.
 """
 
 from __future__ import annotations
@@ -72,8 +72,11 @@ class EventEmitter:
         config = kafka.producer_config(
             **{
                 "message.timeout.ms": delivery_timeout_ms,
-                # only failures call back into Python: successful deliveries would make the
-                # emitter thread take the GIL once per event, stalling decide() in bursts
+                # fewer, larger batches: every batch wakes librdkafka's broker thread, which on
+                # a small machine preempts the thread that is deciding
+                "linger.ms": 100,
+                # only failures call into Python (confluent-kafka still takes the GIL for each
+                # report to free the message's state, hence the reports are served in emit)
                 "delivery.report.only.error": True,
                 "queue.buffering.max.messages": 200_000,
                 "error_cb": self._on_error,
@@ -83,6 +86,9 @@ class EventEmitter:
         )
         self.config = config
         self._producer = Producer(config)
+        # one bound method for every message: a fresh one each would live until the report
+        # and, thousands in flight, set off the garbage collector during decide()
+        self._on_delivery = self._delivered
         self._drain_interval = drain_interval_s
         #: spool positions of records the broker already acknowledged during a drain that
         #: stopped at an earlier failure; skipped on the next attempt so each arrives once
@@ -98,8 +104,11 @@ class EventEmitter:
         key_bytes = key.encode()
         if self._online and self.spool.depth == 0:
             try:
-                self._producer.produce(topic, value=value, key=key_bytes, on_delivery=self._delivered)
+                self._producer.produce(topic, value=value, key=key_bytes, on_delivery=self._on_delivery)
                 self.stats.sent += 1
+                # the delivery reports due, served by the thread holding the GIL: from the
+                # background thread each would wait for the GIL and preempt the caller
+                self._producer.poll(0)
                 return
             except BufferError:
                 pass  # the local queue is full: the broker is not keeping up or is away
@@ -151,8 +160,8 @@ class EventEmitter:
             self._on_spool_depth(self.spool.depth)
 
     def _run(self) -> None:
-        while not self._stop.is_set():
-            self._producer.poll(self._drain_interval)
+        while not self._stop.wait(self._drain_interval):
+            self._producer.poll(0)  # reports emit() did not serve: no event since they came
             if self.spool.depth and self._broker_answers():
                 self._drain()
             elif not self.spool.depth and not self._online and self._broker_answers():

@@ -237,6 +237,9 @@ class FeatureEncoder:
         self._m = config.dimension - self._offset
         self._key = config.seed.to_bytes(8, "little")
         self._cache: dict[str, tuple[int, int, float]] = {}
+        #: per namespace, numeric feature name -> (normaliser name, digest, slot, sign)
+        self._numeric: dict[str, dict[str, tuple[str, int, int, float]]] = {"c": {}, "a": {}}
+        self._bare_actions: dict[str | None, _Record] = {}
         self._vectors = {
             "c": self._vector_layout("c", config.vector_dim),
             "a": self._vector_layout("a", config.action_vector_dim),
@@ -262,6 +265,14 @@ class FeatureEncoder:
             hit = self._cache[key] = (h, self._offset + h % self._m, -1.0 if h >> 63 else 1.0)
         return hit
 
+    def _numeric_key(self, ns: str, name: str) -> tuple[str, int, int, float]:
+        """(normaliser name, digest, slot, sign) of numeric feature ``name`` in namespace ns."""
+        keys = self._numeric[ns]
+        if len(keys) >= _CACHE_LIMIT:
+            keys.clear()
+        hit = keys[name] = (f"{ns}:{name}", *self._lookup(f"{ns}{_SEP}n{_SEP}{name}"))
+        return hit
+
     def _vector_layout(self, ns: str, n: int) -> tuple[list[int], list[int], list[float]]:
         looked = [self._lookup(f"{ns}{_SEP}v{_SEP}{i}") for i in range(n)]
         return [h for h, _, _ in looked], [s for _, s, _ in looked], [g for _, _, g in looked]
@@ -274,13 +285,15 @@ class FeatureEncoder:
         normalize = self.config.normalize
         clip = self.config.clip
         lookup = self._lookup
+        transform = self.normalizer.transform
+        numeric_keys = self._numeric[ns]
         for name, x in (features.get("numeric") or {}).items():
             x = float(x)
             if not math.isfinite(x):
                 raise ValueError(f"numeric feature {name!r} is {x}; features must be finite")
+            stat, h, slot, sign = numeric_keys.get(name) or self._numeric_key(ns, name)
             if normalize:
-                x = self.normalizer.transform(f"{ns}:{name}", x, clip)
-            h, slot, sign = lookup(f"{ns}{_SEP}n{_SEP}{name}")
+                x = transform(stat, x, clip)
             hs.append(h)
             slots.append(slot)
             weights.append(sign * x)
@@ -355,17 +368,38 @@ class FeatureEncoder:
             out[:, 0] = 1.0
         return out
 
+    def _row(self, record: _Record) -> np.ndarray:
+        """(d,) vector of one record alone: :meth:`_assemble` for one row, without its fixed
+        numpy costs; the sums are the same, added in the same order, so the bits are too."""
+        row = [0.0] * self.config.dimension
+        for slot, weight in zip(record.slot, record.weight):
+            row[slot] += weight
+        if self.config.intercept:
+            row[0] = 1.0
+        return np.array(row)
+
     def _action_records(self, actions: Sequence[Mapping[str, Any]]) -> list[_Record]:
         use_id = self.config.action_id
-        return [
-            self._hash_record(action.get("features"), "a", str(action["id"]) if use_id else None) for action in actions
-        ]
+        return [self._action_record(action.get("features"), str(action["id"]) if use_id else None) for action in actions]
+
+    def _action_record(self, features: Mapping[str, Any] | None, action_id: str | None) -> _Record:
+        """One action's record; an action without features is hashed once per id (the same
+        candidates come back call after call, and records are only read)."""
+        vector = features.get("vector") if features else None
+        if features and (features.get("numeric") or features.get("categorical") or (vector is not None and len(vector))):
+            return self._hash_record(features, "a", action_id)
+        hit = self._bare_actions.get(action_id)
+        if hit is None:
+            if len(self._bare_actions) >= _CACHE_LIMIT:
+                self._bare_actions.clear()
+            hit = self._bare_actions[action_id] = self._hash_record(None, "a", action_id)
+        return hit
 
     # --- public encoding -------------------------------------------------------------------------
 
     def context_vector(self, context: Mapping[str, Any]) -> np.ndarray:
         """The context alone as a (d,) vector: the row of every candidate for per-arm models."""
-        return self._assemble([(self._hash_record(context, "c"), None)])[0]
+        return self._row(self._hash_record(context, "c"))
 
     def action_matrix(self, context: Mapping[str, Any], actions: Sequence[Mapping[str, Any]]) -> np.ndarray:
         """(K, d) candidate rows for :meth:`Policy.probabilities`.
@@ -377,7 +411,7 @@ class FeatureEncoder:
             raise ValueError("actions must not be empty")
         ctx = self._hash_record(context, "c")
         if not self.config.shared:
-            return np.broadcast_to(self._assemble([(ctx, None)])[0], (len(actions), self.config.dimension))
+            return np.broadcast_to(self._row(ctx), (len(actions), self.config.dimension))
         return self._assemble([(ctx, act) for act in self._action_records(actions)])
 
     def acted_matrix(self, events: Iterable[Mapping[str, Any]]) -> np.ndarray:
