@@ -152,6 +152,9 @@ class _Domain:
         self.feature_hash = settings.features.config_hash()
         self.shared = POLICIES[settings.policy].shared
         self.normalize = settings.features.normalize
+        #: Without normalisation the encoding depends on nothing but the event, so a batch's
+        #: decisions are encoded together, by one encoder (:meth:`JoinCore.encode`).
+        self.encoder = None if self.normalize else FeatureEncoder(settings.features)
 
 
 class PartitionState:
@@ -307,18 +310,52 @@ class JoinCore:
 
     # -- events --------------------------------------------------------------------------
 
-    def decision(self, part: PartitionState, event: dict, source: DeadLetter, out: Outputs) -> None:
+    def encode(self, events: list[dict]) -> list[list[float] | Exception | None]:
+        """The acted feature vectors of a batch's decisions whose domain does not normalise,
+        one ``acted_matrix`` per domain (its fixed numpy costs paid once per batch, not per
+        decision); per event, the vector, the error that refused it, or None (encoded in
+        :meth:`decision`, in order, with the partition's normaliser)."""
+        out: list[list[float] | Exception | None] = [None] * len(events)
+        groups: dict[str, list[int]] = {}
+        for i, event in enumerate(events):
+            domain = self.domains.get(event["domain"])
+            if domain is not None and domain.encoder is not None:
+                groups.setdefault(domain.name, []).append(i)
+        for name, indices in groups.items():
+            encoder = self.domains[name].encoder
+            try:
+                rows = encoder.acted_matrix([events[i] for i in indices]).tolist()
+            except ValueError:  # find the culprits one by one
+                rows = []
+                for i in indices:
+                    try:
+                        rows.append(encoder.acted_matrix((events[i],))[0].tolist())
+                    except ValueError as error:
+                        rows.append(error)
+            for i, row in zip(indices, rows):
+                out[i] = row
+        return out
+
+    def decision(self, part: PartitionState, event: dict, source: DeadLetter, out: Outputs,
+                 features: list[float] | Exception | None = None) -> None:
+        """Open the decision's join entry; ``features`` as :meth:`encode` gave them, if it did."""
         key = EVENT_PREFIX + event["event_id"].encode()
         entry = part.get(key)
         if entry is not None and entry[0] != "R":
             out.duplicate("decision")
             return
         domain = self.domains[event["domain"]]
-        encoder = part.encoder(domain)
-        features = encoder.acted_matrix((event,))[0]
-        if domain.normalize:  # after encoding, so a value never normalises itself
-            encoder.observe(event.get("context") or {}, event["actions"])
-            part.normalizer_changed(domain.name)
+        if isinstance(features, Exception):
+            raise features
+        if features is None:
+            encoder = part.encoder(domain)
+            if domain.shared:
+                features = encoder.acted_matrix((event,))[0].tolist()
+            else:  # the acted row of a per-arm model is the context's vector
+                features = encoder.context_vector(event.get("context") or {}).tolist()
+            if domain.normalize:  # after encoding, so a value never normalises itself
+                encoder.observe(event.get("context") or {}, event["actions"])
+                part.normalizer_changed(domain.name)
         actions = event["actions"]
         chosen = event["chosen"]
         arm = actions[chosen]["id"]
@@ -335,7 +372,7 @@ class JoinCore:
             "actions": [a["id"] for a in actions],
             "probabilities": probabilities,
             "probability": probabilities[chosen],
-            "features": features.tolist(),
+            "features": features,
             "feature_hash": domain.feature_hash,
             "mode": event.get("mode") or "live",
             "policy_version": event.get("policy_version") or "",

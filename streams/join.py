@@ -1,9 +1,14 @@
 """The join worker: decisions + rewards in, exactly one UpdateEvent per decision out.
 
-A faust-streaming app. One agent consumes the co-partitioned decisions and rewards topics
-(raw bytes: decoding and validation are ours, so every failure is ours to dead-letter) in
-batches (``stream.take_events``); the state lives in a faust RocksDB table (rocksdict
-driver, one database per partition) driven by :mod:`streams._join_state`. Per batch:
+A faust-streaming app: faust runs the consumer group, the partition assignment that keeps
+the table's changelog co-partitioned with the sources, the changelog recovery, the RocksDB
+table (rocksdict driver, one database per partition) and the sweeper timer. The
+co-partitioned decisions and rewards topics (raw bytes: decoding and validation are ours,
+so every failure is ours to dead-letter) are handed over in batches straight from faust's
+fetch loop (:class:`_BatchingConsumer`), not through an agent's stream: faust's stream path
+costs two asyncio tasks and a dozen loop callbacks per record, which capped the join at
+about 3,000 decision/reward pairs/s on this 2-core machine. The state is driven by
+:mod:`streams._join_state`. Per batch:
 
 1. decode (:class:`~streams.serde.AvroSerde`), validate (:class:`~streams.validation.Validator`);
    a record that fails goes to the dead-letter topic, the rest go on;
@@ -22,7 +27,7 @@ Where reading resumes is the state's business, not faust's: on every assignment 
 offsets the state stores are committed before faust seeks to the committed offsets, and
 records below them are skipped as replays. (After kill -9, faust's own committed offsets
 were seen *ahead* of what the state held - records acknowledged through
-``take_events`` but never joined - which lost decisions.)
+by faust's stream but never joined - which lost decisions.)
 
 A faust timer sweeps every ``sweep_interval_s``: it advances every partition's clock, so
 default rewards fire when traffic stops, and every ``purge_interval_s`` purges old done
@@ -40,9 +45,7 @@ faust recovers to is exact.
 Limitations: normaliser statistics are per partition (each partition observes only its
 own decisions, so partitions' features scale slightly differently until the statistics
 converge); the deadline index is in memory (about 100 bytes per waiting decision); a
-decision's ``deferred`` flag is not acted on; throughput is bounded by faust's per-event
-stream machinery (about 3,000 decision/reward pairs/s through the join on this 2-core
-machine, against about 8,000-10,000 events/s for a bare faust agent).
+decision's ``deferred`` flag is not acted on.
 """
 
 from __future__ import annotations
@@ -59,6 +62,8 @@ from typing import Any
 import faust
 from confluent_kafka import KafkaException, Producer
 from confluent_kafka.admin import AdminClient
+from faust.transport.drivers.aiokafka import Consumer as AIOKafkaConsumer
+from faust.transport.drivers.aiokafka import Transport as AIOKafkaTransport
 from faust.types import TP
 
 from streams._join_state import (
@@ -104,6 +109,81 @@ class _Worker(faust.Worker):
             super().install_signal_handlers()
 
 
+class _BatchingConsumer(AIOKafkaConsumer):
+    """faust's aiokafka consumer, handing the join's source records over in batches.
+
+    faust's fetch loop (``Consumer._drain_messages``) awaits ``wait_first(callback(message),
+    ...)`` per record - two tasks per record - and the conductor and the stream add a dozen
+    loop callbacks more. Here records of the source topics are collected across fetches and
+    handed to the app's ``batch_sink`` (:meth:`JoinWorker.process`) once ``batch_max`` are
+    collected, ``batch_within_s`` passed since the first, or a fetch came back empty. Records
+    of other topics (the table's changelog during recovery) take faust's own path. Nothing of
+    the sources is acknowledged to faust, so faust never commits their offsets: where
+    reading resumes is the join state's business (:meth:`JoinWorker._commit_state_offsets`).
+    A rebalance drops what is collected; it is fetched again from the state's offsets.
+    """
+
+    async def _drain_messages(self, fetcher: Any) -> None:  # pragma: no cover - faust's fetcher task
+        sink: _JoinApp = self.app  # type: ignore[assignment]
+        sources, batch_max, within = sink.batch_topics, sink.batch_max, sink.batch_within_s
+        callback, getmany = self.callback, self.getmany
+        set_read_offset = self._read_offset.__setitem__
+        stopped = self._stopped.is_set
+        fetcher_stopped = fetcher._stopped.is_set
+        pending: list = []
+        first_at = 0.0
+        generation = None
+        try:
+            while not (stopped() or fetcher_stopped()):
+                fetched = 0
+                async for tp, message in getmany(timeout=within):
+                    fetched += 1
+                    set_read_offset(tp, message.offset)
+                    if tp.topic in sources:
+                        if not pending:
+                            first_at, generation = time.monotonic(), self.app.consumer_generation_id
+                        pending.append(message)
+                    else:
+                        await callback(message)
+                await self.sleep(0)
+                if pending and self.app.consumer_generation_id != generation:
+                    pending = []  # assigned anew: read again from the state's offsets
+                if pending and (len(pending) >= batch_max or not fetched or time.monotonic() - first_at >= within):
+                    batch, pending = pending, []
+                    await sink.batch_sink(batch)
+        except self.consumer_stopped_errors:
+            if not self.transport.app.should_stop:
+                raise
+        except asyncio.CancelledError:
+            if not self.transport.app.should_stop:
+                raise
+
+
+class _Transport(AIOKafkaTransport):
+    Consumer = _BatchingConsumer
+
+
+class _JoinApp(faust.App):
+    """A faust app whose consumer hands the source topics to ``batch_sink`` in batches."""
+
+    batch_max = 4000
+    batch_within_s = 0.2
+
+    def consume_in_batches(self, topic: faust.TopicT, sink) -> None:
+        """Subscribe to ``topic`` (through the conductor, so the assignor co-partitions the
+        tables with it) and hand its records to ``sink`` in batches."""
+        self.batch_source, self.batch_sink = topic, sink
+        self.batch_topics = frozenset(topic.topics)
+
+    async def on_start(self) -> None:
+        # Here, not when the app is built: the conductor is a service of the worker's loop.
+        self.topics.add(self.batch_source)
+        await super().on_start()
+
+    def _new_transport(self) -> _Transport:
+        return _Transport(self.conf.broker_consumer, self)
+
+
 class JoinWorker:
     """The faust app, its table and the glue between faust, the join state and Kafka."""
 
@@ -118,7 +198,9 @@ class JoinWorker:
         self.reward_serde = config.serde("reward", topic=config.topics.rewards)
         self.update_serde = config.serde("update", topic=config.topics.updates)
         self.metrics = WorkerMetrics("join")
-        self.producer = EventProducer(config.kafka)
+        # Reports of failures only: flush() still raises on one, and a delivery callback per
+        # UpdateEvent was ~3% of the join's CPU.
+        self.producer = EventProducer(config.kafka, **{"delivery.report.only.error": True})
         self.changelog_producer = Producer(config.kafka.producer_config())
         self.deadletters = DeadLetters(
             self.producer, config.topics.deadletter, worker="join", on_dead_letter=self.metrics.dead_letter
@@ -137,7 +219,7 @@ class JoinWorker:
         config, options = self.config, self.options
         app_id = f"banditstream-join.{config.topics.decisions}"
         brokers = [f"kafka://{server.strip()}" for server in config.kafka.bootstrap_servers.split(",")]
-        app = faust.App(
+        app = _JoinApp(
             app_id,
             broker=brokers,
             datadir=str(config.state_dir / "join"),
@@ -146,7 +228,6 @@ class JoinWorker:
             web_enabled=False,
             consumer_auto_offset_reset="earliest",
             broker_max_poll_records=options.batch_max,
-            stream_buffer_maxsize=options.batch_max * 2,
             **self.profile.faust,
         )
         longest_window = max((d.reward.window_s for d in config.domains.values()), default=600.0)
@@ -161,14 +242,15 @@ class JoinWorker:
             extra_topic_configs={"cleanup.policy": "compact,delete", "retention.ms": retention_ms},
         )
         source = app.topic(config.topics.decisions, config.topics.rewards, key_serializer="raw", value_serializer="raw")
+        app.batch_max, app.batch_within_s = options.batch_max, options.batch_within_s
 
-        @app.agent(source, name="join")
-        async def join(stream):
-            async for events in stream.take_events(options.batch_max, within=options.batch_within_s):
-                try:
-                    await self.process(events)
-                except Exception as exc:
-                    self._fail_stop(exc)
+        async def join(messages: list) -> None:
+            try:
+                await self.process(messages)
+            except Exception as exc:
+                self._fail_stop(exc)
+
+        app.consume_in_batches(source, join)
 
         @app.timer(options.sweep_interval_s, name="join-sweeper")
         async def sweeper():
@@ -184,7 +266,8 @@ class JoinWorker:
         async def recovered():  # before faust seeks the source partitions to committed offsets
             async with self._lock:
                 self._load_assigned()
-                await self._commit_state_offsets()
+                offsets = await self._commit_state_offsets()
+                log.info("join: resuming from the state's offsets (committed: %s)", sorted((tp.topic, tp.partition, o) for tp, o in offsets.items()))
 
         @app.on_partitions_revoked.connect
         async def revoked(sender: Any, revoked: set[TP], **kwargs: Any) -> None:
@@ -256,8 +339,10 @@ class JoinWorker:
 
     # -- the batch -----------------------------------------------------------------------
 
-    async def process(self, events: list) -> None:
+    async def process(self, messages: list) -> None:
+        """Join one batch of source records (faust ``ConsumerMessage``s, in fetch order)."""
         async with self._lock:
+            assigned = self.app.consumer.assignment()
             now = time.time() * 1000.0
             future = int(now + self.options.max_clock_skew_s * 1000)
             out = Outputs()
@@ -270,8 +355,10 @@ class JoinWorker:
             validate_reward = self.validator.validate_reward
             core = self.core
             positions = self.positions
-            for event in events:
-                message = event.message
+            handled: list[tuple[PartitionState, bool, dict | None, DeadLetter]] = []
+            for message in messages:
+                if message.tp not in assigned:  # revoked while the batch was collected
+                    continue
                 topic, partition, offset, raw = message.topic, message.partition, message.offset, message.value
                 counts[topic] = counts.get(topic, 0) + 1
                 part = self._part(partition)
@@ -280,25 +367,33 @@ class JoinWorker:
                 positions[(topic, partition)] = offset + 1
                 part.handled(topic, offset)
                 source = DeadLetter(topic, partition, offset, message.key, raw)
+                is_decision = topic == decisions
+                size = len(raw) if raw is not None else 0
                 try:
-                    size = len(raw) if raw is not None else 0
-                    if topic == decisions:
+                    if is_decision:
                         record = validate_decision(decode_decision(raw or b""), encoded_size=size)
-                        core.decision(part, record, source, out)
-                        ts = min(record["timestamp"], future)
-                        if ts > max_ts.get(partition, -(1 << 62)):
-                            max_ts[partition] = ts
                     else:
                         stamp = int(message.timestamp * 1000)
                         if stamp > part.rewards_read:
                             part.rewards_read = stamp
                         record = validate_reward(decode_reward(raw or b""), encoded_size=size)
-                        core.reward(part, record, source, out)
                 except (DecodeError, ValidationError) as error:
                     source.error = error
                     out.dead.append(source)
+                    continue
+                handled.append((part, is_decision, record, source))
+            encoded = iter(core.encode([record for _, is_decision, record, _ in handled if is_decision]))
+            for part, is_decision, record, source in handled:
+                try:
+                    if is_decision:
+                        core.decision(part, record, source, out, next(encoded))
+                        ts = min(record["timestamp"], future)
+                        if ts > max_ts.get(part.partition, -(1 << 62)):
+                            max_ts[part.partition] = ts
+                    else:
+                        core.reward(part, record, source, out)
                 except Exception as error:  # a record must never stop the worker
-                    log.warning("join: %s/%d@%d refused: %r", topic, partition, offset, error)
+                    log.warning("join: %s/%d@%d refused: %r", source.topic, source.partition, source.offset, error)
                     source.error = error
                     out.dead.append(source)
             for topic, n in counts.items():
@@ -306,7 +401,7 @@ class JoinWorker:
             clocks = await self._clocks()
             for partition, part in self.parts.items():
                 core.fire(part, now, out, max_ts.get(partition), *clocks.get(partition, (None, part.rewards_read)))
-            self.metrics.batch_size.labels("join").observe(len(events))
+            self.metrics.batch_size.labels("join").observe(len(messages))
             await asyncio.shield(self._commit(out, self.parts.values()))
 
     def _in_sequence(self, part: PartitionState, topic: str, offset: int) -> bool:
@@ -328,12 +423,13 @@ class JoinWorker:
         log.info("join: %s/%d has no records %d..%d", topic, part.partition, expected, offset - 1)
         return True
 
-    async def _commit_state_offsets(self) -> None:
-        """Commit the offsets the state needs next, so faust's seek resumes there.
+    async def _commit_state_offsets(self) -> dict[TP, int]:
+        """Commit the offsets the state needs next: on assignment, so faust's seek resumes
+        there, and from the sweeper, so the group's lag is visible to Kafka's tools.
 
-        faust commits what its streams acknowledged; after a kill -9 those offsets were seen
-        ahead of the state (records acknowledged, never in the state), so they are replaced
-        by the state's own on every assignment.
+        faust commits only what its streams acknowledge, and the sources never pass through
+        one (:class:`_BatchingConsumer`). (With a stream, faust's offsets were seen *ahead*
+        of the state after a kill -9: records acknowledged, never in the state.)
         """
         consumer = self.app.consumer
         assigned = consumer.assignment()
@@ -343,12 +439,13 @@ class JoinWorker:
             for partition, part in self.parts.items()
             for topic, offset in part.offsets.items()
             if topic in sources and TP(topic, partition) in assigned
+            and consumer._committed_offset.get(TP(topic, partition)) != offset
         }
         if offsets:
             await consumer._thread.commit(offsets)  # on the consumer's thread
             for tp, offset in offsets.items():
                 consumer._committed_offset[tp] = offset
-            log.info("join: resuming from the state's offsets %s", sorted((tp.topic, tp.partition, o) for tp, o in offsets.items()))
+        return offsets
 
     async def sweep(self) -> None:
         async with self._lock:
@@ -364,6 +461,7 @@ class JoinWorker:
                 retention_ms = self.options.done_retention_s * 1000.0
                 for part in self.parts.values():
                     part.purge_done(now, retention_ms, self.options.purge_scan)
+            await self._commit_state_offsets()
             self._report_lag()
 
     def _log_status(self, clocks: dict[int, tuple[int | None, int]]) -> None:
