@@ -404,14 +404,15 @@ class FeatureEncoder:
     def action_matrix(self, context: Mapping[str, Any], actions: Sequence[Mapping[str, Any]]) -> np.ndarray:
         """(K, d) candidate rows for :meth:`Policy.probabilities`.
 
-        Per-arm models: the context vector repeated, as a read-only broadcast view (no copy);
+        Per-arm models: the context vector repeated (a copy per row: at K rows of d floats, cheaper
+        than the Python-level work of a broadcast view);
         shared models: row k = intercept + context + action k (+ interactions).
         """
         if not actions:
             raise ValueError("actions must not be empty")
         ctx = self._hash_record(context, "c")
         if not self.config.shared:
-            return np.broadcast_to(self._row(ctx), (len(actions), self.config.dimension))
+            return self._row(ctx)[None, :].repeat(len(actions), axis=0)  # cheaper than np.broadcast_to here
         return self._assemble([(ctx, act) for act in self._action_records(actions)])
 
     def acted_matrix(self, events: Iterable[Mapping[str, Any]]) -> np.ndarray:
