@@ -79,6 +79,9 @@ class EventEmitter:
                 # report to free the message's state, hence the reports are served in emit)
                 "delivery.report.only.error": True,
                 "queue.buffering.max.messages": 200_000,
+                # after an outage the spool drains once the broker answers; librdkafka's default
+                # reconnect backoff (up to 10 s, growing) kept it waiting for up to a minute
+                "reconnect.backoff.max.ms": 1000,
                 "error_cb": self._on_error,
                 "log_level": 3,
                 **(producer_overrides or {}),
