@@ -26,8 +26,8 @@ about 3,000 decision/reward pairs/s on this 2-core machine. The state is driven 
 Where reading resumes is the state's business, not faust's: on every assignment the
 offsets the state stores are committed before faust seeks to the committed offsets, and
 records below them are skipped as replays. (After kill -9, faust's own committed offsets
-were seen *ahead* of what the state held - records acknowledged through
-by faust's stream but never joined - which lost decisions.)
+were seen *ahead* of what the state held - records acknowledged by faust's stream but
+never joined - which lost decisions.)
 
 A faust timer sweeps every ``sweep_interval_s``: it advances every partition's clock, so
 default rewards fire when traffic stops, and every ``purge_interval_s`` purges old done
