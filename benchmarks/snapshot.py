@@ -99,31 +99,9 @@ def bench_publish_and_pull(args, console: Console, work: Path) -> dict:
     }
 
 
-class _ClientSource:
-    """The SDK's snapshot source over the pull client (what an SDK adapter does)."""
-
-    def __init__(self, client: SnapshotClient) -> None:
-        self.client = client
-
-    def latest(self):
-        from banditstream.decider import ActivePolicy
-        from learner.features import FeatureEncoder
-
-        loaded = self.client.refresh()
-        snap = loaded.snapshot
-        return ActivePolicy(
-            version=snap.version,
-            policy=loaded.policy,
-            encoder=FeatureEncoder(snap.features(), snap.frozen_normalizer()),
-            expires_at=loaded.expires.timestamp(),
-            drift_flag=snap.drift_flag,
-            created_at=snap.created_at / 1000,
-        )
-
-
 def bench_sdk(args, console: Console, work: Path) -> dict:
     try:
-        from banditstream.decider import Decider
+        from banditstream.decider import Decider, PulledSnapshots
         from banditstream.devstack import LocalStack
         from streams.settings import KafkaSettings, TopicSettings
         from streams.topics import ensure_topics
@@ -144,7 +122,7 @@ def bench_sdk(args, console: Console, work: Path) -> dict:
         kafka = KafkaSettings(bootstrap_servers=info.kafka_bootstrap, profile=info.kafka_profile)
         topics = TopicSettings()
         ensure_topics(kafka, topics)
-        source = _ClientSource(SnapshotClient(store, work / "sdk-cache", root, domain="route"))
+        source = PulledSnapshots(SnapshotClient(store, work / "sdk-cache", root, domain="route"))
         decider = Decider(
             "route", repository=source, kafka=kafka, mode="live", settings=settings, topics=topics, seed=7,
             spool_path=work / "spool", refresh_interval_s=3600,
