@@ -111,6 +111,7 @@ from banditstream.workers import WorkerExited, WorkerProcesses  # noqa: E402
 from streams.serde import AvroSerde  # noqa: E402
 from streams.settings import KafkaSettings, TopicSettings  # noqa: E402
 from streams.topics import ensure_topics  # noqa: E402
+from streams.worker import NORMALIZER_POLICY  # noqa: E402
 
 TARGET_PAIRS_PER_S = 10_000
 ROOT = Path(__file__).resolve().parents[1]
@@ -355,6 +356,8 @@ class PosteriorWatch(threading.Thread):
                 for message, record in zip(good, serde.decode_batch([m.value() for m in good])):
                     if isinstance(record, Exception):
                         raise BenchError(f"undecodable posterior record: {record}")
+                    if record["policy"] == NORMALIZER_POLICY:  # a join partition's statistics, not a model
+                        continue
                     key = message.key().decode()
                     partition = message.partition()
                     marks = [w["offset"] for w in record["watermark"] if (w["topic"], w["partition"]) == (updates, partition)]

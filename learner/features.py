@@ -195,6 +195,35 @@ class Normalizer:
         return {"format": 1, "features": {name: list(stat) for name, stat in sorted(self._stats.items())}}
 
     @classmethod
+    def merged(cls, normalizers: Iterable[Normalizer], *, frozen: bool = False) -> Normalizer:
+        """The statistics of all the values the ``normalizers`` observed, as if one had seen
+        them all (Chan et al.'s pairwise update of count, mean and sum of squared deviations).
+
+            >>> a, b, both = Normalizer(), Normalizer(), Normalizer()
+            >>> for x in (1.0, 2.0):
+            ...     a.observe("x", x); both.observe("x", x)
+            >>> for x in (3.0, 4.0, 5.0):
+            ...     b.observe("x", x); both.observe("x", x)
+            >>> m = Normalizer.merged([a, b])
+            >>> (m.count("x"), m.mean("x"), round(m.std("x"), 12)) == (both.count("x"), both.mean("x"), round(both.std("x"), 12))
+            True
+        """
+        stats: dict[str, list[float]] = {}
+        for normalizer in normalizers:
+            for name, (n_b, mean_b, m2_b) in normalizer._stats.items():
+                held = stats.get(name)
+                if held is None:
+                    stats[name] = [n_b, mean_b, m2_b]
+                    continue
+                n_a, mean_a, m2_a = held
+                n = n_a + n_b
+                if n == 0:
+                    continue
+                delta = mean_b - mean_a
+                stats[name] = [n, mean_a + delta * n_b / n, m2_a + m2_b + delta * delta * n_a * n_b / n]
+        return cls(stats, frozen=frozen)
+
+    @classmethod
     def from_export(cls, data: Mapping[str, Any], *, frozen: bool = False) -> Normalizer:
         if data.get("format") != 1 or not isinstance(data.get("features"), Mapping):
             raise ValueError("not a normaliser export (format 1)")

@@ -5,12 +5,15 @@ The only module of the publisher that reads Kafka (through :mod:`streams`). It r
 1. **Read.** Consume every partition of the posterior topic from the beginning (its own
    consumer group, never committed: the topic is compacted, so a restart re-reads the latest
    state of every model) and keep the latest PosteriorShard per model key
-   (tenant/workspace/domain/arm) of this worker's tenant and workspace.
+   (tenant/workspace/domain/arm) of this worker's tenant and workspace, and the latest
+   normaliser statistics of each join partition per domain (``policy`` ``normalizer``, any
+   tenant: a domain's join normalises every tenant's features alike).
 2. **Decide.** A domain is due when ``every_updates`` updates arrived since its last publish
    attempt, or ``every_seconds`` passed since then with at least one new update.
 3. **Publish.** Rebuild the domain's policy from its shards (each arm's state blob, the
    learner's drift statistics, the watermarks as source offsets) and hand it to
-   :meth:`~publisher.publish.Publisher.publish`: guards, version, sign, upload. A guard
+   :meth:`~publisher.publish.Publisher.publish`, with the join partitions' normaliser
+   statistics merged (for a domain that normalises): guards, version, sign, upload. A guard
    failure or a lost version race is logged and counted; the domain is tried again at its
    next due time.
 4. **Keep metadata fresh.** Every ``refresh_every_seconds``, re-sign the timestamp (and
@@ -22,6 +25,7 @@ The only module of the publisher that reads Kafka (through :mod:`streams`). It r
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
@@ -31,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from learner.domain import DomainSettings
+from learner.features import Normalizer
 from learner.policies import FORMAT_MAJOR, Drift, Policy, PolicyError
 from publisher.errors import GuardFailed, PublisherError, VersionConflict
 from publisher.publish import Publisher, PublisherConfig, PublisherMetrics
@@ -38,7 +43,7 @@ from publisher.signing import KeyRing
 from publisher.snapshot import SourceOffset
 from publisher.stores import SnapshotStore
 from streams.client import BatchConsumer
-from streams.worker import WorkerConfig
+from streams.worker import NORMALIZER_POLICY, WorkerConfig
 
 __all__ = ["PosteriorTable", "PublisherSettings", "PublisherStats", "policy_from_shards", "run_publisher"]
 
@@ -86,9 +91,16 @@ class PosteriorTable:
         self.domains = set(domains)
         self._shards: dict[str, dict[tuple[str, str], dict[str, Any]]] = {d: {} for d in self.domains}
         self._new_updates: dict[str, int] = {d: 0 for d in self.domains}
+        #: domain -> join partition (``arm``) -> its latest normaliser record
+        self._normalizers: dict[str, dict[str, Mapping[str, Any]]] = {d: {} for d in self.domains}
 
     def put(self, record: Mapping[str, Any]) -> bool:
         """Keep ``record`` if it is ours and not older than what is held; False if ignored."""
+        if record["policy"] == NORMALIZER_POLICY:
+            if record["domain"] not in self.domains:
+                return False
+            self._normalizers[record["domain"]][record["arm"]] = record
+            return True
         if record["tenant"] != self.tenant or record["workspace"] != self.workspace or record["domain"] not in self.domains:
             return False
         shards = self._shards[record["domain"]]
@@ -100,6 +112,16 @@ class PosteriorTable:
         new = record["update_count"] - held["update_count"] if held is not None else max(1, record["update_count"])
         self._new_updates[record["domain"]] += max(0, new)
         return True
+
+    def normalizer(self, domain: str, feature_hash: str) -> Normalizer | None:
+        """The domain's join partitions' statistics merged, from those recorded under this
+        feature configuration (None if there are none)."""
+        parts = [
+            Normalizer.from_export(json.loads(record["state"]))
+            for _, record in sorted(self._normalizers[domain].items())
+            if record["feature_hash"] in ("", feature_hash)
+        ]
+        return Normalizer.merged(parts) if parts else None
 
     def shards(self, domain: str) -> list[dict[str, Any]]:
         return [self._shards[domain][k] for k in sorted(self._shards[domain])]
@@ -216,7 +238,9 @@ class _PublisherWorker:
         if self._unchanged(domain, offsets):
             return
         try:
-            result = self.publisher.publish(domain, policy, drift=drift, source_offsets=offsets)
+            features = self.config.domains[domain].features
+            normalizer = self.table.normalizer(domain, features.config_hash()) if features.normalize else None
+            result = self.publisher.publish(domain, policy, normalizer=normalizer, drift=drift, source_offsets=offsets)
         except GuardFailed:
             self.stats.guard_failures += 1  # logged and counted by the publisher
         except VersionConflict as exc:

@@ -174,6 +174,8 @@ class PartitionState:
         self.normalizers: dict[str, Normalizer] = {}
         self._encoders: dict[str, FeatureEncoder] = {}
         self._norm_dirty: set[str] = set()
+        #: Domains whose normaliser changed since the worker last published it.
+        self.norm_unpublished: set[str] = set()
         self._meta_dirty = False
         self._cache: dict[bytes, list | None] = {}
         self.dirty: set[bytes] = set()
@@ -193,6 +195,7 @@ class PartitionState:
             raw = self.db.get(NORM_PREFIX + name.encode())
             if raw is not None:
                 self.normalizers[name] = Normalizer.from_export(_LOAD(raw))
+                self.norm_unpublished.add(name)
         heap = self.heap
         it = self.db.iter()
         it.seek(EVENT_PREFIX)
@@ -237,6 +240,7 @@ class PartitionState:
 
     def normalizer_changed(self, domain: str) -> None:
         self._norm_dirty.add(domain)
+        self.norm_unpublished.add(domain)
 
     # -- clock ---------------------------------------------------------------------------
 

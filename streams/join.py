@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import json
 import logging
 import os
 import signal
@@ -81,7 +82,7 @@ from streams.errors import DecodeError, ValidationError
 from streams.metrics import WorkerMetrics
 from streams.topics import check_topics
 from streams.validation import Validator
-from streams.worker import WorkerConfig
+from streams.worker import NORMALIZER_POLICY, WorkerConfig
 
 __all__ = ["JoinOptions", "JoinWorker", "run_join"]
 
@@ -198,6 +199,7 @@ class JoinWorker:
         self.decision_serde = config.serde("decision", topic=config.topics.decisions)
         self.reward_serde = config.serde("reward", topic=config.topics.rewards)
         self.update_serde = config.serde("update", topic=config.topics.updates)
+        self.posterior_serde = config.serde("posterior", topic=config.topics.posterior)
         self.metrics = WorkerMetrics("join")
         # Reports of failures only: flush() still raises on one, and a delivery callback per
         # UpdateEvent was ~3% of the join's CPU.
@@ -473,9 +475,34 @@ class JoinWorker:
                 retention_ms = self.options.done_retention_s * 1000.0
                 for part in self.parts.values():
                     part.purge_done(now, retention_ms, self.options.purge_scan)
+                self._publish_normalizers()
                 gc.collect()
             await self._commit_state_offsets()
             self._report_lag()
+
+    def _publish_normalizers(self) -> None:
+        """Each partition's changed normaliser statistics, to the posterior topic (see
+        :data:`~streams.worker.NORMALIZER_POLICY`) for the publisher to ship in snapshots.
+
+        Every ``purge_interval_s``, when they changed (and once after each assignment); sent
+        within the producer's linger, a failed delivery fails the next flush like any output."""
+        encode, topic = self.posterior_serde.encode, self.topics.posterior
+        for part in self.parts.values():
+            for name in sorted(part.norm_unpublished):
+                normalizer, domain = part.normalizers.get(name), self.core.domains.get(name)
+                if normalizer is None or domain is None:
+                    continue
+                export = normalizer.export()
+                record = {
+                    "tenant": self.config.tenant, "workspace": self.config.workspace, "domain": name,
+                    "arm": f"p{part.partition}", "policy": NORMALIZER_POLICY, "dimension": domain.features.dimension,
+                    "state": json.dumps(export, sort_keys=True).encode(), "state_major": 1,
+                    "update_count": int(max((stat[0] for stat in export["features"].values()), default=0)),
+                    "watermark": [], "feature_hash": domain.feature_hash, "drift_trace": 0.0, "drift_norm": 0.0,
+                    "emitted_at": int(time.time() * 1000),
+                }  # fmt: skip
+                self.producer.send_raw(topic, encode(record), key=f"~normalizer/{name}/p{part.partition}")
+            part.norm_unpublished.clear()
 
     def _log_status(self, clocks: dict[int, tuple[int | None, int]]) -> None:
         for partition, part in sorted(self.parts.items()):

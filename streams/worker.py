@@ -17,6 +17,13 @@ from streams.settings import KafkaSettings, RegistrySettings, TopicSettings
 from streams.validation import ValidationLimits
 
 
+#: ``policy`` of the PosteriorShards that carry a join partition's normaliser statistics (its
+#: ``state``: the JSON of :meth:`learner.features.Normalizer.export`; its ``arm``: ``p<partition>``)
+#: next to the learners' models on the posterior topic; the publisher merges a domain's into
+#: its snapshots, so the SDK z-scores features as the join did.
+NORMALIZER_POLICY = "normalizer"
+
+
 @dataclass(frozen=True)
 class WorkerConfig:
     kafka: KafkaSettings

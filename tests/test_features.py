@@ -284,3 +284,23 @@ def test_docstring_examples_run():
     result = doctest.testmod(learner.features)
     assert result.attempted > 0
     assert result.failed == 0
+
+
+def test_merged_normalizers_hold_the_statistics_of_all_their_values_whatever_the_split():
+    rng = np.random.default_rng(11)
+    values = {"c:tokens": rng.normal(300.0, 80.0, 500), "c:latency": rng.exponential(2.0, 500)}
+    whole = Normalizer()
+    parts = [Normalizer() for _ in range(4)]
+    for i in range(500):
+        for name, column in values.items():
+            if name == "c:latency" and i % 3 == 0:
+                continue  # features a partition did not always see
+            whole.observe(name, float(column[i]))
+            parts[int(rng.integers(4))].observe(name, float(column[i]))
+    merged = Normalizer.merged(parts, frozen=True)
+    assert merged.frozen and merged.names() == whole.names()
+    for name in whole.names():
+        assert merged.count(name) == whole.count(name)
+        assert merged.mean(name) == pytest.approx(whole.mean(name), rel=1e-12)
+        assert merged.std(name) == pytest.approx(whole.std(name), rel=1e-12)
+    assert Normalizer.merged([]).names() == []

@@ -9,6 +9,7 @@ UpdateEvent was read back.
 
 from __future__ import annotations
 
+import json
 import math
 import random
 import signal
@@ -20,6 +21,7 @@ from collections import Counter, defaultdict
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 
+from banditstream.config import Settings
 from learner.domain import DomainSettings
 from learner.features import FeatureEncoder
 from streams.join import MAX_DEAD_LETTER_VALUE
@@ -369,6 +371,47 @@ def test_default_rewards_fire_from_the_wall_clock_when_traffic_stops(kafka, topi
         assert update["reward"] == default
         waited = produced_at - update["decision_time"]
         assert 2000 - 50 <= waited <= 2000 + 3000, waited  # after the window, by the sweeper
+
+
+def test_each_partitions_normaliser_statistics_reach_the_posterior_topic_for_the_snapshots(kafka, topics, tmp_path):
+    """A normalising domain's statistics, one record per join partition; merged, they are the
+    statistics of every decision's numeric features (what the publisher ships to the SDK)."""
+    from learner.features import Normalizer
+    from streams.worker import NORMALIZER_POLICY
+
+    ensure_topics(kafka, topics)
+    tree = H.settings(kafka, topics, tmp_path / "state").model_dump(mode="json")
+    config = Settings.model_validate({**tree, "join": {"purge_interval_s": 0.5}}).worker_config()
+    routing = DomainSettings.model_validate(H.DOMAINS["routing"])
+    assert routing.features.normalize
+    expected = Normalizer()
+    reference = FeatureEncoder(routing.features, expected)
+    rng = random.Random(8)
+    with H.JoinThread(config) as worker:
+        sender = H.Sender(kafka, topics)
+        for i in range(200):
+            d = H.decision(f"norm-{i}", "routing", rng, H.now_ms())
+            reference.observe(d["context"], d["actions"])
+            sender.decision(d)
+        sender.flush()
+
+        def merged(records):
+            latest = {key: r for key, r in records if r["policy"] == NORMALIZER_POLICY}
+            return Normalizer.merged(Normalizer.from_export(json.loads(r["state"])) for r in latest.values()), latest
+
+        def complete(records) -> bool:
+            statistics, _ = merged(records)
+            return all(statistics.count(name) == expected.count(name) for name in expected.names())
+
+        records = H.read_topic(kafka, topics.posterior, "posterior", until=complete, idle_s=1.0, timeout_s=60, check=worker.check)
+    statistics, latest = merged(records)
+    assert expected.names() and statistics.names() == expected.names()
+    for name in expected.names():
+        assert statistics.count(name) == expected.count(name)
+        assert statistics.mean(name) == pytest.approx(expected.mean(name), rel=1e-9)
+        assert statistics.std(name) == pytest.approx(expected.std(name), rel=1e-9)
+    assert {r["domain"] for r in latest.values()} == {"routing"}  # only the domain that normalises
+    assert all(key.decode().startswith("~normalizer/routing/p") and r["watermark"] == [] for key, r in latest.items())
 
 
 def test_sigterm_is_graceful_exits_0_and_commits(kafka, topics, tmp_path):

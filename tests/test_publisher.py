@@ -438,3 +438,59 @@ def test_docstring_examples_run(module):
 
     result = doctest.testmod(importlib.import_module(f"publisher.{module}"), optionflags=doctest.ELLIPSIS)
     assert result.attempted > 0 and result.failed == 0
+
+
+def test_worker_ships_the_joins_merged_normaliser_in_a_normalising_domains_snapshot(store, keys, root, tmp_path):
+    """Normaliser records (one per join partition, any tenant) merge into the snapshot the SDK
+    scores with; statistics recorded under another feature configuration are left out."""
+    from learner.features import Normalizer
+    from publisher.worker import _PublisherWorker
+    from streams.settings import KafkaSettings, RegistrySettings, TopicSettings
+    from streams.validation import ValidationLimits
+    from streams.worker import NORMALIZER_POLICY, WorkerConfig
+
+    domain_settings = DomainSettings(policy="lin_ts", params={"seed": 3}, features={"dimension": DIM, "normalize": True})
+    config = WorkerConfig(
+        kafka=KafkaSettings(), topics=TopicSettings(), registry=RegistrySettings(), domains={"route": domain_settings},
+        limits=ValidationLimits(), state_dir=tmp_path / "state",
+    )  # fmt: skip
+    worker = _PublisherWorker(config, PublisherSettings(store, keys, root, config=PublisherConfig(guards=GuardConfig(min_samples=1))), None)
+    learner = learn(domain_settings.make_policy(), n=90)
+    feature_hash = domain_settings.features.config_hash()
+    for arm in ARMS:
+        assert worker.table.put({
+            "tenant": "default", "workspace": "main", "domain": "route", "arm": arm, "policy": "lin_ts", "dimension": DIM,
+            "state": learner.arm_state_bytes(arm), "state_major": 1, "update_count": learner.update_count(arm),
+            "watermark": [{"topic": "u", "partition": 0, "offset": 90}], "feature_hash": feature_hash,
+            "drift_trace": 0.0, "drift_norm": 0.0,
+        })  # fmt: skip
+    rng = np.random.default_rng(5)
+    partitions, whole = [], Normalizer()
+    for p in range(3):
+        part = Normalizer()
+        for x in rng.normal(100.0 * (p + 1), 10.0, 50):
+            part.observe("c:tokens", float(x))
+            whole.observe("c:tokens", float(x))
+        partitions.append(part)
+
+    def normaliser_record(p, normalizer, **extra):
+        return {
+            "tenant": "another-tenant", "workspace": "main", "domain": "route", "arm": f"p{p}", "policy": NORMALIZER_POLICY,
+            "dimension": DIM, "state": json.dumps(normalizer.export()).encode(), "state_major": 1, "update_count": 50,
+            "watermark": [], "feature_hash": feature_hash, "drift_trace": 0.0, "drift_norm": 0.0, **extra,
+        }  # fmt: skip
+
+    stale = Normalizer()
+    stale.observe("c:tokens", 1e6)
+    assert worker.table.put(normaliser_record(7, stale, feature_hash="0123456789abcdef"))  # other features: left out
+    for p, part in enumerate(partitions):
+        assert worker.table.put(normaliser_record(p, Normalizer({"c:tokens": [1.0, 0.0, 0.0]})))  # superseded below
+        assert worker.table.put(normaliser_record(p, part))
+    assert worker.table.new_updates("route") == 90  # statistics are not updates
+
+    worker._publish("route")
+    shipped = client(store, tmp_path, root).refresh().snapshot.frozen_normalizer()
+    assert shipped is not None and shipped.frozen
+    assert shipped.count("c:tokens") == 150
+    assert shipped.mean("c:tokens") == pytest.approx(whole.mean("c:tokens"), rel=1e-12)
+    assert shipped.std("c:tokens") == pytest.approx(whole.std("c:tokens"), rel=1e-12)
