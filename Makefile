@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test bench venv clean lint
+.PHONY: demo test bench venv clean
 
 demo: $(STAMP)  ## run the main job on the embedded default stack
 	$(BIN)/banditstream demo $(ARGS)
@@ -15,6 +15,8 @@ test: $(STAMP)  ## run the whole test suite (starts its own broker and S3 server
 bench: $(STAMP)  ## run the benchmarks; each prints a table and a final JSON line
 	$(BIN)/python benchmarks/serde.py
 	$(BIN)/python benchmarks/learner.py
+	$(BIN)/python benchmarks/snapshot.py
+	$(BIN)/python benchmarks/pipeline.py
 
 venv: $(STAMP)
 
