@@ -342,7 +342,7 @@ class JoinWorker:
         part = self.parts.get(partition)
         if part is None:
             db = self._store()._db_for_partition(partition)
-            part = self.parts[partition] = PartitionState(partition, db, self.core.domains)
+            part = self.parts[partition] = PartitionState(partition, db, self.core.domains, self.options.entry_cache)
         return part
 
     def _load_assigned(self) -> None:
