@@ -352,6 +352,14 @@ class RewardEngine:
         """
         if not rewards:
             return AggregatedReward(self.default_reward, {}, 0)
+        if len(rewards) == 1:  # the usual case: what the general path gives, without its sorting
+            event = rewards[0]
+            signals = _field(event, "signals") or {}
+            try:
+                raw = self._raw(signals, _field(event, "value"))
+            except InvalidReward as error:
+                raise InvalidReward(f"reward {_field(event, 'reward_id')!r}: {error}") from None
+            return AggregatedReward(self._clipped(raw), {name: float(x) for name, x in signals.items()}, 1)
         events = sorted(
             (
                 (_millis(_field(r, "timestamp")), str(_field(r, "reward_id")), r)

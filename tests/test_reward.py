@@ -241,6 +241,23 @@ def test_every_aggregation_mode_combines_scalar_rewards_in_time_order(mode, rewa
     assert engine.aggregate(list(reversed(EVENTS))) == result
 
 
+@pytest.mark.parametrize("mode", ["sum", "first", "last", "max", "min", "mean"])
+@pytest.mark.parametrize("value", [None, 0.75, math.inf])
+def test_one_reward_aggregates_as_the_general_path_does(mode, value):
+    # One event takes a shortcut; the same event twice (one id) takes the general path.
+    engine = RewardEngine(RewardConfig.from_expression("2.0*q - 0.001*lat", aggregate=mode, clip=(-1.0, 1.0)))
+    event = {"reward_id": "r1", "timestamp": 7, "signals": {"q": 0.8, "lat": 120}, "value": value}
+    if value == math.inf:
+        for events in ([event], [event, dict(event)]):
+            with pytest.raises(InvalidReward, match="r1"):
+                engine.aggregate(events)
+        return
+    one = engine.aggregate([event])
+    assert one == engine.aggregate([event, dict(event)])
+    assert one.count == 1 and one.signals == {"q": 0.8, "lat": 120.0}
+    assert type(one.signals["lat"]) is float
+
+
 def test_split_reports_sum_to_the_reward_of_all_signals_together():
     engine = RewardEngine(RewardConfig.from_expression(AGENT))
     together = {"success": 1, "tool_ok": 1, "latency_ms": 1200, "cost_usd": 0.02}
