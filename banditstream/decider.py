@@ -33,7 +33,6 @@ import os
 import re
 import threading
 import time
-import uuid
 from collections import OrderedDict, deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -317,7 +316,7 @@ class Decider:
         ctx = _context_record(context)
         acts = self._action_records(actions)
         _check_inputs(ctx, acts, self.settings.features.vector_dim)
-        event_id = event_id or uuid.uuid4().hex
+        event_id = event_id or _random_id()
         mode = self.mode
         allowed = self._shield(acts, max_cost, max_latency_ms)
         fallback = None
@@ -347,6 +346,9 @@ class Decider:
                     recommended_index = allowed[choice.chosen]
                     chosen = baseline
                     probabilities[baseline] = 1.0
+                elif len(allowed) == len(acts):
+                    chosen = choice.chosen
+                    probabilities = choice.probabilities.tolist()
                 else:
                     chosen = allowed[choice.chosen]
                     for slot, p in zip(allowed, choice.probabilities.tolist()):
@@ -398,7 +400,7 @@ class Decider:
         signals = {k: float(v) for k, v in (signals or {}).items()}
         event = {
             "event_id": event_id,
-            "reward_id": reward_id or uuid.uuid4().hex,
+            "reward_id": reward_id or _random_id(),
             "tenant": self.tenant,
             "workspace": self.workspace,
             "domain": self.domain,
@@ -588,6 +590,11 @@ def _action_record(action: str | Mapping[str, Any]) -> dict[str, Any]:
         return {"id": action, "features": {"numeric": {}, "categorical": {}, "vector": []}}
     features = action.get("features") or {}
     return {"id": str(action["id"]), "features": _context_record(features) if features else {"numeric": {}, "categorical": {}, "vector": []}}
+
+
+def _random_id() -> str:
+    """32 random hex digits (128 bits from the OS), a quarter of the cost of ``uuid4().hex``."""
+    return os.urandom(16).hex()
 
 
 def _env_name(domain: str) -> str:

@@ -48,6 +48,11 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+try:
+    from learner import _fastscore
+except ImportError:  # not built: the rows are built in Python
+    _fastscore = None
+
 __all__ = ["FEATURE_FORMAT", "FeatureConfig", "FeatureEncoder", "FrozenNormalizerError", "Normalizer"]
 
 #: Version of the encoding itself (keys, hash, layout); part of every config hash.
@@ -441,6 +446,10 @@ class FeatureEncoder:
             raise ValueError("actions must not be empty")
         ctx = self._hash_record(context, "c")
         if not self.config.shared:
+            if _fastscore is not None:  # the sums of _row, in C, straight into every row
+                rows = np.empty((len(actions), self.config.dimension))
+                _fastscore.repeated_row(rows, ctx.slot, ctx.weight, self.config.intercept)
+                return rows
             return self._row(ctx)[None, :].repeat(len(actions), axis=0)  # cheaper than np.broadcast_to here
         return self._assemble([(ctx, act) for act in self._action_records(actions)])
 

@@ -18,6 +18,10 @@ Deciding never factorises an arm that has not changed.
 
 Each arm caches both as one (d+1, d) matrix ``F = [theta^T; L^T]``, so that scoring a row is a
 single product ``F x = (x . theta, L^T x)``: the decide path reads each arm's factor once.
+
+When the C extension ``learner._fastscore`` is built (by ``pip install``), the disjoint
+policies decide in one compiled call from those factors (scores, draws, floor and choice;
+see learner/_fastscore.c); numpy, below, is the fallback and the reference.
 """
 
 from __future__ import annotations
@@ -33,8 +37,13 @@ from learner.linalg import (
     prior_factor,
     spectral_norm_spd,
 )
-from learner.policies.base import Block, Drift, Policy, valid_dim
+from learner.policies.base import Block, Choice, Drift, Policy, valid_dim
 from learner.policies.errors import NumericalError, StateFormatError
+
+try:
+    from learner import _fastscore
+except ImportError:  # not built: the numpy path decides
+    _fastscore = None
 
 
 class LinearPolicy(Policy):
@@ -172,6 +181,26 @@ class LinearPolicy(Policy):
                 np.dot(F[slot], X[k], out=R[k])
         Y = R[:, 1:]
         return R[:, 0], np.sqrt(np.einsum("kd,kd->k", Y, Y))
+
+    def _compiled_rule(self, K: int, rng: np.random.Generator) -> tuple[float, np.ndarray | None, int] | None:
+        """``(coef, z, n_draws)`` for ``_fastscore.choose``: greedy on ``mean + coef * width``
+        when ``z`` is None, else Thompson draws from the normals ``z`` (drawn here, as the numpy
+        path draws them) with scale ``coef * width``; None when the policy has no compiled rule."""
+        return None
+
+    def _compiled_choice(self, X: np.ndarray, slots: np.ndarray, rng: np.random.Generator) -> Choice | None:
+        if _fastscore is None:
+            return None
+        self._refresh(slots)
+        rule = self._compiled_rule(len(slots), rng)
+        if rule is None:
+            return None
+        coef, z, n_draws = rule
+        p = np.empty(len(slots))
+        chosen = _fastscore.choose(
+            self._arrays["factor"], slots, np.ascontiguousarray(X), coef, z, n_draws, self.eps0, rng.random(), p
+        )
+        return Choice(p, chosen, float(p[chosen]))
 
     def _shared_terms(self, X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """For the one shared model: ``X theta`` (K,) and ``M = X L`` (K, d), rows ``L^T x_k``."""

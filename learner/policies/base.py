@@ -69,6 +69,11 @@ import numpy as np
 from learner.linalg import pack_symmetric, packed_size, unpack_symmetric
 from learner.policies.errors import ScoringOnlyError, StateFormatError
 
+try:
+    from learner import _fastscore
+except ImportError:  # not built (a source tree without a compiler): numpy does it all
+    _fastscore = None
+
 __all__ = ["FORMAT_MAJOR", "SHARED_ARM", "Block", "Choice", "Drift", "Policy", "Prior", "canonical_arm"]
 
 #: The arm id under which a model shared across arms keeps its one state.
@@ -81,6 +86,8 @@ _HEAD = struct.Struct("<4sBBHI")
 _CRC = struct.Struct("<I")
 _DTYPES = {"<f8": np.dtype("<f8"), "<i8": np.dtype("<i8")}
 _INITIAL_CAPACITY = 8
+#: up to this many values, rows are checked for NaN and inf in C (numpy is faster on more)
+_FEW_VALUES = 1 << 12
 
 
 class Prior(NamedTuple):
@@ -252,6 +259,12 @@ class Policy:
         block of the per-arm arrays (see :class:`Block`), else None.
         """
         raise NotImplementedError
+
+    def _compiled_choice(self, X: np.ndarray, slots: np.ndarray, rng: np.random.Generator) -> Choice | None:
+        """All of :meth:`probabilities` after the candidates' slots in one compiled call
+        (``learner._fastscore``), or None: the numpy path runs. The compiled call must give the
+        numpy path's distribution and choice from the same draws of ``rng``."""
+        return None
 
     def _drift(self, slot: int) -> Drift:
         raise NotImplementedError
@@ -457,7 +470,7 @@ class Policy:
         X = np.asarray(X, dtype=np.float64)
         if X.ndim != 2 or X.shape[1] != self.dim:
             raise ValueError(f"{what} has shape {X.shape}, but {type(self).__name__} expects (n, {self.dim})")
-        if not np.isfinite(X).all():
+        if not _all_finite(X):
             raise ValueError(f"{what} must be finite (NaN or inf found)")
         return X
 
@@ -488,6 +501,9 @@ class Policy:
         else:
             gen = np.random.default_rng(rng)
         slots, block = self._candidate_slots(arms)
+        compiled = self._compiled_choice(X, slots, gen)
+        if compiled is not None:
+            return compiled
         p = self._policy_probabilities(X, slots, block, gen)
         if self.eps0 > 0.0:
             p *= 1.0 - self.eps0
@@ -706,6 +722,12 @@ class Policy:
 
 
 # --- shared decision rules -------------------------------------------------------------------------
+
+
+def _all_finite(X: np.ndarray) -> bool:
+    if _fastscore is not None and X.size <= _FEW_VALUES and X.flags.c_contiguous:
+        return _fastscore.all_finite(X)  # a few decision rows: numpy's fixed cost is most of it
+    return bool(np.isfinite(X).all())
 
 
 def draw_index(p: np.ndarray, u: float) -> int:

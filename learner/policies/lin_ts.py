@@ -63,6 +63,9 @@ class LinTS(ThompsonParams, LinearPolicy):
         scale = self.v * width
         return gaussian_argmax_frequencies(mean, lambda z: z * scale, self.n_draws, rng, len(mean))
 
+    def _compiled_rule(self, K: int, rng: np.random.Generator) -> tuple[float, np.ndarray, int]:
+        return self.v, rng.standard_normal(((self.n_draws + 1) // 2, K)), self.n_draws
+
     @classmethod
     def _unit_test_params(cls) -> dict[str, Any]:
         return {**super()._unit_test_params(), "v": 0.5, "n_draws": 64}
