@@ -109,7 +109,9 @@ def bench_sdk(args, console: Console, work: Path) -> dict:
         console.log(f"SDK not available ({exc}): sdk_decide figures left null")
         return {}
     arms = 10
-    settings = DomainSettings(policy="lin_ts", features={"dimension": args.dim})
+    # normalize off: the snapshot carries no normaliser statistics, and a frozen normaliser
+    # without them would score every numeric feature as 0 (rows of two nonzeros, not ten)
+    settings = DomainSettings(policy="lin_ts", features={"dimension": args.dim, "normalize": False})
     keys = KeyRing.generate()
     root = create_root(keys)
     store = DirectoryStore(work / "sdk-repo")
