@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -61,6 +61,19 @@ class EventProducer:
                 break
             except BufferError:
                 self._producer.poll(0.05)
+        self._producer.poll(0)
+
+    def send_many(self, topic: str, records: Iterable[tuple[str | bytes | None, bytes]]) -> None:
+        """Enqueue encoded ``(key, value)`` records: :meth:`send_raw` for a batch, with one
+        delivery callback for all and callbacks served once at the end."""
+        produce, callback = self._producer.produce, self._callback(None)
+        for key, value in records:
+            while True:
+                try:
+                    produce(topic, value=value, key=key, on_delivery=callback)
+                    break
+                except BufferError:
+                    self._producer.poll(0.05)
         self._producer.poll(0)
 
     def poll(self, timeout: float = 0.0) -> int:

@@ -363,34 +363,46 @@ class JoinWorker:
             max_ts: dict[int, int] = {}  # partition -> newest decision time (the clock)
             counts: dict[str, int] = {}
             decisions = self.topics.decisions
-            decode_decision = self.decision_serde.decode
-            decode_reward = self.reward_serde.decode
             validate_decision = self.validator.validate_decision
             validate_reward = self.validator.validate_reward
             core = self.core
             positions = self.positions
-            handled: list[tuple[PartitionState, bool, dict | None, DeadLetter]] = []
+            accepted: list[tuple[PartitionState, bool, Any]] = []
             for message in messages:
                 if message.tp not in assigned:  # revoked while the batch was collected
                     continue
-                topic, partition, offset, raw = message.topic, message.partition, message.offset, message.value
+                topic, partition, offset = message.topic, message.partition, message.offset
                 counts[topic] = counts.get(topic, 0) + 1
                 part = self._part(partition)
                 if not self._in_sequence(part, topic, offset):
                     continue
                 positions[(topic, partition)] = offset + 1
                 part.handled(topic, offset)
-                source = DeadLetter(topic, partition, offset, message.key, raw)
                 is_decision = topic == decisions
+                if not is_decision:
+                    stamp = int(message.timestamp * 1000)
+                    if stamp > part.rewards_read:
+                        part.rewards_read = stamp
+                accepted.append((part, is_decision, message))
+            # Decoded per topic in one call each (the C reader's batch path), then in order.
+            decoded_decisions = iter(self.decision_serde.decode_batch([m.value or b"" for _, d, m in accepted if d]))
+            decoded_rewards = iter(self.reward_serde.decode_batch([m.value or b"" for _, d, m in accepted if not d]))
+            handled: list[tuple[PartitionState, bool, dict, DeadLetter]] = []
+            for part, is_decision, message in accepted:
+                raw = message.value
+                source = DeadLetter(message.topic, message.partition, message.offset, message.key, raw)
                 size = len(raw) if raw is not None else 0
                 try:
                     if is_decision:
-                        record = validate_decision(decode_decision(raw or b""), encoded_size=size)
+                        record = next(decoded_decisions)
+                        if isinstance(record, DecodeError):
+                            raise record
+                        record = validate_decision(record, encoded_size=size)
                     else:
-                        stamp = int(message.timestamp * 1000)
-                        if stamp > part.rewards_read:
-                            part.rewards_read = stamp
-                        record = validate_reward(decode_reward(raw or b""), encoded_size=size)
+                        record = next(decoded_rewards)
+                        if isinstance(record, DecodeError):
+                            raise record
+                        record = validate_reward(record, encoded_size=size)
                 except (DecodeError, ValidationError) as error:
                     source.error = error
                     out.dead.append(source)
@@ -567,8 +579,7 @@ class JoinWorker:
         """Emit, then changelog, then local state: the order that can duplicate, never lose."""
         loop = asyncio.get_running_loop()
         producer, updates_topic, encode = self.producer, self.topics.updates, self.update_serde.encode
-        for shard, record in out.updates:
-            producer.send_raw(updates_topic, encode(record), key=shard)
+        producer.send_many(updates_topic, [(shard, encode(record)) for shard, record in out.updates])
         for dead in out.dead:
             value, error = dead.value, dead.error
             if value is not None and len(value) > MAX_DEAD_LETTER_VALUE:  # keep the dead letter itself producible
@@ -625,8 +636,12 @@ class JoinWorker:
 
     def _count(self, out: Outputs) -> None:
         metrics = self.metrics
+        statuses: dict[str, int] = {}
         for _, record in out.updates:
-            metrics.joins.labels(record["join_status"]).inc()
+            status = record["join_status"]
+            statuses[status] = statuses.get(status, 0) + 1
+        for status, n in statuses.items():
+            metrics.joins.labels(status).inc(n)
         for kind, n in out.duplicates.items():
             metrics.duplicates.labels("join", kind).inc(n)
         if out.late_rewards:
