@@ -95,10 +95,11 @@ class JoinOptions:
     #: Longest wait to fill a batch, seconds (each batch costs three flushes to the broker:
     #: outputs, changelog, fence; 0.2 measured ~15% more throughput than 0.05).
     batch_within_s: float = 0.2
-    #: Waiting decisions kept decoded in memory per partition, newest first out of the way
-    #: last: a reward or deadline for one of them reads no database entry and unpickles
-    #: nothing (about 2 KB each; older ones are read back from RocksDB when needed).
-    entry_cache: int = 20_000
+    #: Waiting decisions kept decoded in memory per partition (the newest): a reward or
+    #: deadline for one of them reads no database entry and unpickles nothing. About 3 KB
+    #: each at d=16-32 (30 MB per partition by default); older ones are read back from
+    #: RocksDB when needed, so this bounds memory, never correctness.
+    entry_cache: int = 10_000
     #: Wall-clock sweeper period, seconds.
     sweep_interval_s: float = 0.5
     #: Distinct rewards kept per decision; more are dead-lettered (``too_many_rewards``).
@@ -179,7 +180,7 @@ class _Domain:
 class PartitionState:
     """One partition's join state: a view of its database plus this batch's changes."""
 
-    def __init__(self, partition: int, db: Any, domains: Mapping[str, _Domain], entry_cache: int = 20_000) -> None:
+    def __init__(self, partition: int, db: Any, domains: Mapping[str, _Domain], entry_cache: int = 10_000) -> None:
         self.partition = partition
         self.db = db
         self._domains = domains
