@@ -189,8 +189,8 @@ def publish() -> None:
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())  # finish the current publish, then leave
     metrics = PublisherMetrics()
-    server, _ = start_http_server(settings.metrics.port, addr="127.0.0.1", registry=metrics.registry)
-    console.print(f"publisher metrics on http://127.0.0.1:{server.server_port}/metrics", highlight=False)
+    server, _ = start_http_server(settings.metrics.port, addr=settings.metrics.host, registry=metrics.registry)
+    console.print(f"publisher metrics on http://{settings.metrics.host}:{server.server_port}/metrics", highlight=False)
     _one_blas_thread()
     run_publisher(settings.worker_config(), _publisher_settings(settings), stop=stop, metrics=metrics)
 

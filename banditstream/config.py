@@ -91,6 +91,10 @@ class SdkSettings(_Section):
 
 class MetricsSettings(_Section):
     port: int = Field(0, ge=0, le=65535, description="Prometheus port of a worker; 0 picks a free one")
+    host: str = Field(
+        "127.0.0.1", min_length=1,
+        description="address the metrics endpoint binds to: loopback by default, 0.0.0.0 in a container or pod",
+    )  # fmt: skip
 
 
 class LimitSettings(_Section):
@@ -157,6 +161,7 @@ class Settings(_Section):
             limits=self.validation_limits(),
             state_dir=Path(self.stores.state_dir),
             metrics_port=self.metrics.port,
+            metrics_host=self.metrics.host,
             tenant=self.tenant,
             workspace=self.workspace,
             extra={"join": dict(self.join), "learn": dict(self.learn)},

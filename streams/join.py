@@ -293,7 +293,7 @@ class JoinWorker:
     def run(self, *, stop: threading.Event | None = None) -> None:
         check_topics(self.config.kafka, self.topics)
         (self.config.state_dir / "join").mkdir(parents=True, exist_ok=True)
-        port = self.metrics.serve(self.config.metrics_port)
+        port = self.metrics.serve(self.config.metrics_port, self.config.metrics_host)
         log.warning("join worker: metrics on port %d", port)
         self._stop = stop
         if not self.profile.trusts_queried_end_offsets:

@@ -284,7 +284,7 @@ class Learner:
                 f"topic {posterior!r} has {counts[posterior]} partitions, fewer than {self.topic!r} "
                 f"({counts[self.topic]}): the learner publishes shard p to posterior partition p"
             )
-        port = self.metrics.serve(self.config.metrics_port)
+        port = self.metrics.serve(self.config.metrics_port, self.config.metrics_host)
         log.info("learner metrics on http://127.0.0.1:%d/metrics; group %s", port, self.group_id)
         consumer = Consumer(
             self.config.kafka.consumer_config(

@@ -35,6 +35,8 @@ class WorkerConfig:
     state_dir: Path
     #: Prometheus port; 0 picks a free one (the worker logs which).
     metrics_port: int = 0
+    #: Address the metrics endpoint binds to (loopback unless a scraper elsewhere needs it).
+    metrics_host: str = "127.0.0.1"
     tenant: str = "default"
     workspace: str = "main"
     extra: Mapping[str, Any] = field(default_factory=dict)

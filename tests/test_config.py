@@ -43,6 +43,24 @@ def test_file_then_environment_overrides(tmp_path):
     assert set(limits.domains) == {"routing", "cache"} and limits.domains["routing"].vector_dim == 16
 
 
+def test_metrics_bind_to_loopback_unless_told_otherwise():
+    from urllib.request import urlopen
+
+    from streams.metrics import WorkerMetrics
+
+    assert load_settings(env={}).worker_config().metrics_host == "127.0.0.1"
+    config = load_settings(env={"BANDITSTREAM_METRICS__HOST": "0.0.0.0"}).worker_config()
+    assert config.metrics_host == "0.0.0.0"  # in a container or pod, for a scraper elsewhere
+    metrics = WorkerMetrics("join")
+    port = metrics.serve(0, config.metrics_host)
+    try:
+        assert metrics._server.server_address[0] == "0.0.0.0"
+        with urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+            assert b"banditstream_" in response.read()
+    finally:
+        metrics.close()
+
+
 def test_yaml_and_json_files_and_the_config_env_var(tmp_path):
     yml = tmp_path / "c.yaml"
     yml.write_text("topics:\n  partitions: 3\n")
