@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test bench venv clean
+.PHONY: demo test bench venv deploy-tools clean
 
 demo: $(STAMP)  ## run the main job on the embedded default stack
 	$(BIN)/banditstream demo $(ARGS)
@@ -19,6 +19,9 @@ bench: $(STAMP)  ## run the benchmarks; each prints a table and a final JSON lin
 	$(BIN)/python benchmarks/pipeline.py
 
 venv: $(STAMP)
+
+deploy-tools: $(STAMP)  ## docker-compose, promtool and helm for tests/test_deploy.py (apt-get needs root)
+	BIN=$(BIN) bash deploy/install-tools.sh
 
 $(STAMP): pyproject.toml constraints.txt
 	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
