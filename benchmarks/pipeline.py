@@ -50,16 +50,17 @@ whose rewards were not joined measures something else, and the table says so in 
 Where the time goes: CPU seconds of each process (join, learner, broker, this benchmark)
 per phase from ``/proc``, as microseconds per pair; the process with the most is the
 bottleneck (``bottleneck``: what one core of it allows). ``--profile`` runs both workers
-under cProfile and prints their time by area and by function. Found at this commit, on the
-2-core machine (100,000 pairs, ~1,900 pairs/s end to end, target missed five-fold): the join
-is the bottleneck, one single-threaded process at ~450 us CPU per pair, so ~2,200 pairs/s at
-most, while the learner needs ~35, the broker ~60 and the benchmark ~20, and about one core
-stays idle. Under cProfile about two thirds of the join's busy time is faust delivering
-records (conductor, stream iterator, mode and asyncio: ~10 event-loop callbacks and 4 tasks
-per record) and one third the join's own batch work, led by feature hashing
-(``FeatureEncoder.acted_matrix``, ~40 % of it), then firing with its changelog writes, reward
-aggregation, validation and decoding. The bare consumer reads the same messages from the
-same broker at ~400,000 pairs/s. The progress plot also shows the join reading the two topics
+under cProfile and prints their time by area and by function. Found on the 2-core machine
+(100,000 pairs; ~5,000 pairs/s end to end, the 10,000 target missed two-fold): the join is
+the bottleneck, one single-threaded process at ~155 us CPU per pair whose main thread is
+~85-90 % busy, while the learner needs ~25, the broker ~40 and the benchmark ~13, so about
+0.7 of a core stays idle. Sampled with py-spy, the join's main thread spends about a fifth
+of its time serialising state (pickling entries, RocksDB and changelog writes), an eighth
+on feature hashing, an eighth on decoding and validating, a tenth on firing deadlines and
+finalising, and most of the rest on faust's fetch path and on freeing each batch's records.
+Everything together costs ~230 us of CPU per pair, so 10,000 pairs/s would need more than
+two cores even with the join split over processes. The bare consumer reads the same
+messages from the same broker at ~400,000 pairs/s. The progress plot also shows the join reading the two topics
 unevenly when behind (rewards far ahead of decisions, decisions stalling for seconds), and
 nothing can be joined until decisions catch up.
 
