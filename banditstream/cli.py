@@ -8,8 +8,10 @@ traceback unless ``--verbose`` is given.
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import Optional
@@ -176,7 +178,6 @@ def learn() -> None:
 @app.command()
 def publish() -> None:
     """Run the publisher worker: posterior shards -> guarded, signed, versioned snapshots."""
-    import signal
     import threading
 
     from prometheus_client import start_http_server
@@ -449,7 +450,12 @@ def replay(
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    """Console-script entry point: expected errors become one line and exit code 2."""
+    """Console-script entry point: expected errors become one line and exit code 2.
+
+    ``kill -USR1 <pid>`` prints every thread's stack to stderr (a stuck worker, a slow stop).
+    """
+    if hasattr(faulthandler, "register"):  # not on Windows
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
     try:
         # without standalone mode click hands back a command's typer.Exit code instead of exiting
         code = app(args=argv, standalone_mode=False)
