@@ -95,10 +95,10 @@ class JoinOptions:
     #: Longest wait to fill a batch, seconds (each batch costs three flushes to the broker:
     #: outputs, changelog, fence; 0.2 measured ~15% more throughput than 0.05).
     batch_within_s: float = 0.2
-    #: Waiting decisions kept decoded in memory per partition (the newest): a reward or
-    #: deadline for one of them reads no database entry and unpickles nothing. About 3 KB
-    #: each at d=16-32 (30 MB per partition by default); older ones are read back from
-    #: RocksDB when needed, so this bounds memory, never correctness.
+    #: Open entries (waiting decisions, early rewards) kept decoded in memory per partition
+    #: (the newest): a reward, decision or deadline for one of them reads no database entry
+    #: and unpickles nothing. About 3 KB each at d=16-32 (30 MB per partition by default);
+    #: older ones are read back from RocksDB when needed: this bounds memory, not correctness.
     entry_cache: int = 10_000
     #: Wall-clock sweeper period, seconds.
     sweep_interval_s: float = 0.5
@@ -199,11 +199,11 @@ class PartitionState:
         self._meta_dirty = False
         #: This batch's entries, as read or written (cleared when its changes are taken).
         self._cache: dict[bytes, list | None] = {}
-        #: Persisted waiting decisions ("D" entries), decoded, oldest first: most rewards and
-        #: deadlines come while their decision is still here, so it is neither read from the
-        #: database nor unpickled again. Always equal to the database (updated as changes
-        #: are taken, and the worker stops if persisting them fails).
-        self._waiting_decisions: dict[bytes, list] = {}
+        #: Persisted open entries ("D" waiting decisions, "R" early rewards), decoded, oldest
+        #: first: most rewards, late decisions and deadlines come while their entry is still
+        #: here, so it is neither read from the database nor unpickled again. Always equal to
+        #: the database (updated as changes are taken; the worker stops if persisting fails).
+        self._open: dict[bytes, list] = {}
         self._entry_cache = entry_cache
         self.dirty: set[bytes] = set()
         self.purge_cursor = EVENT_PREFIX
@@ -244,7 +244,7 @@ class PartitionState:
         try:
             return self._cache[key]
         except KeyError:
-            entry = self._waiting_decisions.get(key)
+            entry = self._open.get(key)
             if entry is None:
                 raw = self.db.get(key)
                 entry = None if raw is None else decode_entry(raw)
@@ -294,22 +294,22 @@ class PartitionState:
     def changes(self) -> list[tuple[bytes, bytes | None]]:
         """This batch's writes as (key, value or None for a delete); clears them."""
         out: list[tuple[bytes, bytes | None]] = []
-        cache, waiting = self._cache, self._waiting_decisions
+        cache, live = self._cache, self._open
         for key in self.dirty:
             entry = cache[key]
             if entry is None:
                 out.append((key, None))
-                waiting.pop(key, None)
+                live.pop(key, None)
                 continue
             out.append((key, encode_entry(entry)))
-            if entry[0] == "D":
-                waiting[key] = entry
+            if entry[0] == "X":
+                live.pop(key, None)
             else:
-                waiting.pop(key, None)
-        excess = len(waiting) - self._entry_cache
-        if excess > 0:  # the oldest decisions out of memory: read back from the database if needed
-            for key in list(itertools.islice(waiting, excess)):
-                del waiting[key]
+                live[key] = entry
+        excess = len(live) - self._entry_cache
+        if excess > 0:  # the oldest entries out of memory: read back from the database if needed
+            for key in list(itertools.islice(live, excess)):
+                del live[key]
         for name in self._norm_dirty:
             out.append((NORM_PREFIX + name.encode(), _DUMP(self.normalizers[name].export(), _PROTOCOL)))
         if self._meta_dirty or out:
