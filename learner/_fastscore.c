@@ -27,13 +27,16 @@
  * (GCC/Clang vector extensions), four rows of F at a time.
  *
  * Also: repeated_row() builds the (K, d) candidate rows of a per-arm model (the context row,
- * K times; learner.features), all_finite() checks rows before scoring (learner.policies.base).
+ * K times; learner.features), all_finite() checks rows before scoring (learner.policies.base),
+ * and hash_record() and assemble() are FeatureEncoder's per-record hashing and batch summing
+ * (learner.features), the encoding the join worker spends most on.
  * Python (numpy) stays the fallback for all of it when this module is not built.
  */
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <math.h>
+#include <stdint.h>
 #include <string.h>
 
 /* A C-contiguous buffer of `ndim` dimensions of one item type: 'd' (float64) or 'n' (intp). */
@@ -535,22 +538,564 @@ all_finite(PyObject *module, PyObject *obj)
     return PyBool_FromLong(finite);
 }
 
+/* ---- FeatureEncoder._hash_record ------------------------------------------------------------
+ *
+ * learner/features.py's Python loop, the same steps in the same order, over the same caches:
+ * a digest found in the encoder's dicts is used as it is; a miss calls back into the encoder
+ * (FeatureEncoder._numeric_key, FeatureEncoder._lookup), which hashes with BLAKE2b and fills and
+ * bounds its caches, so the digests and the caches' contents are the Python path's. The
+ * z-score reads the Normalizer's statistics and computes transform()'s expression with the
+ * same operations (hence the same bits); whenever transform() would do anything but return a
+ * number (an entry of another shape, a zero count or spread, where Python raises) or the
+ * normaliser is of another class, transform() itself is called. */
+
+/* The fields of features._HashPlan, by position. */
+enum {
+    PLAN_RECORD,      /* features._Record, the tuple subclass returned */
+    PLAN_NORMALIZER,  /* features.Normalizer: its instances' statistics are read directly */
+    PLAN_NS,          /* "c" or "a" */
+    PLAN_NUMERIC,     /* dict: numeric name -> (normaliser name, digest, slot, sign) */
+    PLAN_CACHE,       /* dict: key -> (digest, slot, sign) */
+    PLAN_NUMERIC_KEY, /* (ns, name) -> the numeric entry, on a miss */
+    PLAN_LOOKUP,      /* key -> the cache entry, on a miss */
+    PLAN_CLIP,        /* float */
+    PLAN_CATEGORICAL, /* key prefix of a categorical feature: ns SEP "c" SEP */
+    PLAN_ID,          /* key prefix of the action id: ns SEP "id" SEP */
+    PLAN_SEP,
+    PLAN_VECTOR_H,    /* the dense vector's layout: digests, slots, signs (lists) */
+    PLAN_VECTOR_SLOT,
+    PLAN_VECTOR_SIGN,
+    PLAN_WHAT,        /* "context" or "action", for error messages */
+    PLAN_FIELDS
+};
+
+static PyObject *s_numeric, *s_categorical, *s_vector, *s_stats, *s_transform, *one;
+
+/* f"{obj}" */
+static PyObject *
+as_text(PyObject *obj)
+{
+    if (PyUnicode_CheckExact(obj)) {
+        Py_INCREF(obj);
+        return obj;
+    }
+    return PyObject_Format(obj, NULL);
+}
+
+/* The concatenation of n strings. */
+static PyObject *
+concat(PyObject *const *parts, int n)
+{
+    Py_ssize_t length = 0;
+    Py_UCS4 maxchar = 0;
+    for (int i = 0; i < n; i++) {
+        if (PyUnicode_READY(parts[i]) < 0)
+            return NULL;
+        length += PyUnicode_GET_LENGTH(parts[i]);
+        if (PyUnicode_MAX_CHAR_VALUE(parts[i]) > maxchar)
+            maxchar = PyUnicode_MAX_CHAR_VALUE(parts[i]);
+    }
+    PyObject *out = PyUnicode_New(length, maxchar);
+    if (out == NULL)
+        return NULL;
+    Py_ssize_t at = 0;
+    for (int i = 0; i < n; i++) {
+        Py_ssize_t len = PyUnicode_GET_LENGTH(parts[i]);
+        if (maxchar < 256) /* all one byte a character */
+            memcpy(PyUnicode_1BYTE_DATA(out) + at, PyUnicode_1BYTE_DATA(parts[i]), len);
+        else if (PyUnicode_CopyCharacters(out, at, parts[i], 0, len) < 0) {
+            Py_DECREF(out);
+            return NULL;
+        }
+        at += len;
+    }
+    return out;
+}
+
+/* A cache entry: a tuple of n items, the last one the sign (a float). */
+static int
+check_entry(PyObject *entry, Py_ssize_t n)
+{
+    if (PyTuple_CheckExact(entry) && PyTuple_GET_SIZE(entry) == n && PyFloat_CheckExact(PyTuple_GET_ITEM(entry, n - 1)))
+        return 0;
+    PyErr_Format(PyExc_TypeError, "a feature cache entry must be a tuple of %zd ending with a float sign", n);
+    return -1;
+}
+
+/* Normalizer.transform(name, x, clip) as a new float; stats is the normaliser's dict when it
+ * can be read directly, else NULL. */
+static PyObject *
+z_score(PyObject *normalizer, PyObject *stats, PyObject *name, PyObject *x_obj, PyObject *clip_obj)
+{
+    if (stats != NULL) {
+        PyObject *stat = PyDict_GetItemWithError(stats, name);
+        if (stat == NULL) {
+            if (PyErr_Occurred())
+                return NULL;
+            return PyFloat_FromDouble(0.0);
+        }
+        if (PyList_CheckExact(stat) && PyList_GET_SIZE(stat) == 3 && PyFloat_CheckExact(PyList_GET_ITEM(stat, 0))
+            && PyFloat_CheckExact(PyList_GET_ITEM(stat, 1)) && PyFloat_CheckExact(PyList_GET_ITEM(stat, 2))) {
+            double count = PyFloat_AS_DOUBLE(PyList_GET_ITEM(stat, 0));
+            double mean = PyFloat_AS_DOUBLE(PyList_GET_ITEM(stat, 1));
+            double m2 = PyFloat_AS_DOUBLE(PyList_GET_ITEM(stat, 2));
+            if (m2 <= 0.0)
+                return PyFloat_FromDouble(0.0);
+            double std = count > 0.0 ? sqrt(m2 / count) : 0.0;
+            if (std != 0.0) { /* else Python divides by zero: let it raise */
+                double clip = PyFloat_AS_DOUBLE(clip_obj);
+                double z = (PyFloat_AS_DOUBLE(x_obj) - mean) / std;
+                z = z < clip ? z : clip; /* max(-clip, min(clip, z)): a NaN z gives clip */
+                return PyFloat_FromDouble(z > -clip ? z : -clip);
+            }
+        }
+    }
+    return PyObject_CallMethodObjArgs(normalizer, s_transform, name, x_obj, clip_obj, NULL);
+}
+
+/* Appends the dense vector's entries (FeatureEncoder._hash_record's last step). */
+static int
+hash_vector(PyObject *const *plan, PyObject *vector, PyObject *const *lists)
+{
+    Py_ssize_t n = PyObject_Length(vector);
+    if (n <= 0)
+        return (int)n;
+    PyObject *layout_h = plan[PLAN_VECTOR_H], *layout_slot = plan[PLAN_VECTOR_SLOT], *layout_sign = plan[PLAN_VECTOR_SIGN];
+    if (!PyList_CheckExact(layout_h) || !PyList_CheckExact(layout_slot) || !PyList_CheckExact(layout_sign)) {
+        PyErr_SetString(PyExc_TypeError, "the vector layout must be lists");
+        return -1;
+    }
+    Py_ssize_t m = PyList_GET_SIZE(layout_h);
+    if (n != m) {
+        PyErr_Format(PyExc_ValueError, "%U vector has %zd values, but the feature config expects %zd", plan[PLAN_WHAT], n, m);
+        return -1;
+    }
+    PyObject *items = PySequence_List(vector); /* a copy: float() cannot change it under us */
+    if (items == NULL)
+        return -1;
+    int rc = -1;
+    PyObject *values = PyList_New(PyList_GET_SIZE(items)), *weights = NULL;
+    if (values == NULL)
+        goto done;
+    Py_ssize_t k = PyList_GET_SIZE(values);
+    for (Py_ssize_t i = 0; i < k; i++) {
+        PyObject *x = PyNumber_Float(PyList_GET_ITEM(items, i));
+        if (x == NULL)
+            goto done;
+        PyList_SET_ITEM(values, i, x);
+    }
+    for (Py_ssize_t i = 0; i < k; i++) {
+        if (!isfinite(PyFloat_AS_DOUBLE(PyList_GET_ITEM(values, i)))) {
+            PyErr_Format(PyExc_ValueError, "%U vector must be finite", plan[PLAN_WHAT]);
+            goto done;
+        }
+    }
+    if (k != m || PyList_GET_SIZE(layout_sign) != m) {
+        PyErr_SetString(PyExc_RuntimeError, "vector changed size while read");
+        goto done;
+    }
+    if ((weights = PyList_New(k)) == NULL)
+        goto done;
+    for (Py_ssize_t i = 0; i < k; i++) {
+        double g = PyFloat_AsDouble(PyList_GET_ITEM(layout_sign, i));
+        if (g == -1.0 && PyErr_Occurred())
+            goto done;
+        PyObject *w = PyFloat_FromDouble(g * PyFloat_AS_DOUBLE(PyList_GET_ITEM(values, i)));
+        if (w == NULL)
+            goto done;
+        PyList_SET_ITEM(weights, i, w);
+    }
+    PyObject *parts[4] = {layout_h, layout_slot, weights, values};
+    for (int j = 0; j < 4; j++)
+        if (PyList_SetSlice(lists[j], PY_SSIZE_T_MAX, PY_SSIZE_T_MAX, parts[j]) < 0)
+            goto done;
+    rc = 0;
+done:
+    Py_XDECREF(weights);
+    Py_XDECREF(values);
+    Py_DECREF(items);
+    return rc;
+}
+
+/* The optional dict `key` of features: 1 and *out (borrowed) if a dict or absent (NULL), 0 if
+ * something else (the Python path decides what that means), -1 on error. */
+static int
+part_of(PyObject *features, PyObject *key, PyObject **out)
+{
+    *out = NULL;
+    if (features == NULL)
+        return 1;
+    PyObject *part = PyDict_GetItemWithError(features, key);
+    if (part == NULL)
+        return PyErr_Occurred() ? -1 : 1;
+    if (part == Py_None)
+        return 1;
+    if (!PyDict_CheckExact(part))
+        return 0;
+    *out = part;
+    return 1;
+}
+
+PyDoc_STRVAR(hash_record_doc,
+"hash_record(plan, features, action_id, normalizer) -> _Record or NotImplemented\n\n"
+"FeatureEncoder._hash_record of one Features record under the encoder's plan for one namespace\n"
+"(features._HashPlan); normalizer None: no z-scores. NotImplemented when the record or its\n"
+"numeric or categorical part is neither None nor a dict: the Python path handles those.");
+
+static PyObject *
+hash_record(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "hash_record takes (plan, features, action_id, normalizer)");
+        return NULL;
+    }
+    PyObject *plan_obj = args[0], *features = args[1], *action_id = args[2], *normalizer = args[3];
+    if (!PyTuple_Check(plan_obj) || PyTuple_GET_SIZE(plan_obj) != PLAN_FIELDS) {
+        PyErr_SetString(PyExc_TypeError, "plan must be a features._HashPlan");
+        return NULL;
+    }
+    PyObject *const *plan = &PyTuple_GET_ITEM(plan_obj, 0);
+    PyTypeObject *record_type = (PyTypeObject *)plan[PLAN_RECORD];
+    PyObject *numeric_keys = plan[PLAN_NUMERIC], *cache = plan[PLAN_CACHE], *clip = plan[PLAN_CLIP];
+    if (!PyType_Check(plan[PLAN_RECORD]) || !PyType_IsSubtype(record_type, &PyTuple_Type) || !PyDict_CheckExact(numeric_keys)
+        || !PyDict_CheckExact(cache) || !PyFloat_CheckExact(clip) || !PyUnicode_Check(plan[PLAN_CATEGORICAL])
+        || !PyUnicode_Check(plan[PLAN_ID]) || !PyUnicode_Check(plan[PLAN_SEP])) {
+        PyErr_SetString(PyExc_TypeError, "plan must be a features._HashPlan");
+        return NULL;
+    }
+    if (features == Py_None)
+        features = NULL;
+    else if (!PyDict_CheckExact(features))
+        Py_RETURN_NOTIMPLEMENTED;
+    PyObject *numeric, *categorical, *vector = NULL;
+    int ok = part_of(features, s_numeric, &numeric);
+    if (ok == 1)
+        ok = part_of(features, s_categorical, &categorical);
+    if (ok < 0)
+        return NULL;
+    if (ok == 0)
+        Py_RETURN_NOTIMPLEMENTED;
+    PyObject *stats = NULL;
+    if (normalizer == Py_None)
+        normalizer = NULL;
+    else if (Py_IS_TYPE(normalizer, (PyTypeObject *)plan[PLAN_NORMALIZER])) {
+        PyObject *held = PyObject_GetAttr(normalizer, s_stats);
+        if (held == NULL)
+            return NULL;
+        if (PyDict_CheckExact(held))
+            stats = held;
+        else
+            Py_DECREF(held);
+    }
+
+    Py_ssize_t n_numeric = numeric ? PyDict_GET_SIZE(numeric) : 0;
+    Py_ssize_t n_categorical = categorical ? PyDict_GET_SIZE(categorical) : 0;
+    Py_ssize_t n = n_numeric + n_categorical + (action_id != Py_None);
+    PyObject *lists[4] = {PyList_New(n), PyList_New(n), PyList_New(n), PyList_New(n)}; /* h, slot, weight, value */
+    PyObject *record = NULL, *key = NULL, *value = NULL;
+    if (!lists[0] || !lists[1] || !lists[2] || !lists[3])
+        goto done;
+    Py_ssize_t t = 0, pos = 0;
+    PyObject *name, *x_obj, *entry;
+
+    /* numeric: float(x), finite, the cached key, the z-score */
+    while (numeric != NULL && PyDict_Next(numeric, &pos, &name, &x_obj)) {
+        if (t >= n_numeric)
+            break;
+        PyObject *x = PyNumber_Float(x_obj);
+        if (x == NULL)
+            goto done;
+        if (!isfinite(PyFloat_AS_DOUBLE(x))) {
+            PyErr_Format(PyExc_ValueError, "numeric feature %R is %S; features must be finite", name, x);
+            Py_DECREF(x);
+            goto done;
+        }
+        entry = PyDict_GetItemWithError(numeric_keys, name);
+        if (entry != NULL)
+            Py_INCREF(entry);
+        else if (!PyErr_Occurred())
+            entry = PyObject_CallFunctionObjArgs(plan[PLAN_NUMERIC_KEY], plan[PLAN_NS], name, NULL);
+        if (entry == NULL || check_entry(entry, 4) < 0) {
+            Py_XDECREF(entry);
+            Py_DECREF(x);
+            goto done;
+        }
+        value = normalizer ? z_score(normalizer, stats, PyTuple_GET_ITEM(entry, 0), x, clip) : (Py_INCREF(x), x);
+        Py_DECREF(x);
+        PyObject *sign = PyTuple_GET_ITEM(entry, 3), *weight;
+        if (value == NULL)
+            weight = NULL;
+        else if (!PyFloat_CheckExact(value))
+            weight = PyNumber_Multiply(sign, value);
+        else if (PyFloat_AS_DOUBLE(sign) == 1.0) /* 1.0 * x is x, bit for bit */
+            weight = (Py_INCREF(value), value);
+        else
+            weight = PyFloat_FromDouble(PyFloat_AS_DOUBLE(sign) * PyFloat_AS_DOUBLE(value));
+        if (weight == NULL) {
+            Py_DECREF(entry);
+            goto done;
+        }
+        Py_INCREF(PyTuple_GET_ITEM(entry, 1));
+        Py_INCREF(PyTuple_GET_ITEM(entry, 2));
+        PyList_SET_ITEM(lists[0], t, PyTuple_GET_ITEM(entry, 1));
+        PyList_SET_ITEM(lists[1], t, PyTuple_GET_ITEM(entry, 2));
+        PyList_SET_ITEM(lists[2], t, weight);
+        PyList_SET_ITEM(lists[3], t, value);
+        value = NULL;
+        Py_DECREF(entry);
+        t++;
+    }
+    if (t != n_numeric || (numeric && PyDict_GET_SIZE(numeric) != n_numeric)) {
+        PyErr_SetString(PyExc_RuntimeError, "dictionary changed size during iteration");
+        goto done;
+    }
+
+    /* categorical (value 1): ns SEP c SEP name SEP value, then ns SEP id SEP action_id */
+    pos = 0;
+    for (;;) {
+        if (categorical != NULL && PyDict_Next(categorical, &pos, &name, &x_obj)) {
+            if (t >= n_numeric + n_categorical)
+                break;
+            PyObject *name_text = as_text(name), *value_text = name_text ? as_text(x_obj) : NULL;
+            if (value_text != NULL) {
+                PyObject *parts[4] = {plan[PLAN_CATEGORICAL], name_text, plan[PLAN_SEP], value_text};
+                key = concat(parts, 4);
+            }
+            Py_XDECREF(name_text);
+            Py_XDECREF(value_text);
+        }
+        else if (t == n_numeric + n_categorical && action_id != Py_None) {
+            PyObject *id_text = as_text(action_id);
+            if (id_text != NULL) {
+                PyObject *parts[2] = {plan[PLAN_ID], id_text};
+                key = concat(parts, 2);
+                Py_DECREF(id_text);
+            }
+        }
+        else
+            break;
+        if (key == NULL)
+            goto done;
+        entry = PyDict_GetItemWithError(cache, key);
+        if (entry != NULL)
+            Py_INCREF(entry);
+        else if (!PyErr_Occurred())
+            entry = PyObject_CallOneArg(plan[PLAN_LOOKUP], key);
+        Py_CLEAR(key);
+        if (entry == NULL || check_entry(entry, 3) < 0) {
+            Py_XDECREF(entry);
+            goto done;
+        }
+        for (int j = 0; j < 3; j++) {
+            Py_INCREF(PyTuple_GET_ITEM(entry, j));
+            PyList_SET_ITEM(lists[j], t, PyTuple_GET_ITEM(entry, j));
+        }
+        Py_INCREF(one);
+        PyList_SET_ITEM(lists[3], t, one);
+        Py_DECREF(entry);
+        t++;
+    }
+    if (t != n || (categorical && PyDict_GET_SIZE(categorical) != n_categorical)) {
+        PyErr_SetString(PyExc_RuntimeError, "dictionary changed size during iteration");
+        goto done;
+    }
+
+    if (features != NULL && (vector = PyDict_GetItemWithError(features, s_vector)) == NULL && PyErr_Occurred())
+        goto done;
+    if (vector != NULL && vector != Py_None && hash_vector(plan, vector, lists) < 0)
+        goto done;
+
+    if ((record = record_type->tp_alloc(record_type, 4)) == NULL)
+        goto done;
+    for (int j = 0; j < 4; j++) {
+        PyTuple_SET_ITEM(record, j, lists[j]);
+        lists[j] = NULL;
+    }
+done:
+    for (int j = 0; j < 4; j++)
+        Py_XDECREF(lists[j]);
+    Py_XDECREF(value);
+    Py_XDECREF(stats);
+    return record;
+}
+
+/* ---- FeatureEncoder._assemble ----------------------------------------------------------------
+ *
+ * The numpy path concatenates every row's slots and weights (contexts, then actions, then the
+ * interaction products) and sums them with one bincount, which adds in array order: a row's
+ * coordinate is 0.0 + its context terms + its action terms + its products, each group in record
+ * order. Here each row is summed in that order directly, the products hashed as numpy does
+ * (uint64 arithmetic wraps alike) and weighted (sign * c) * a, numpy's order. */
+
+static inline uint64_t
+splitmix64(uint64_t x)
+{
+    x ^= x >> 30;
+    x *= 0xBF58476D1CE4E5B9ULL;
+    x ^= x >> 27;
+    x *= 0x94D049BB133111EBULL;
+    return x ^ (x >> 31);
+}
+
+/* One record's lists (features._Record: h, slot, weight, value), borrowed and checked. */
+typedef struct {
+    PyObject *h, *slot, *weight, *value;
+    Py_ssize_t n;
+} Rec;
+
+static int
+get_rec(PyObject *obj, Rec *rec)
+{
+    if (!PyTuple_Check(obj) || PyTuple_GET_SIZE(obj) != 4)
+        goto bad;
+    rec->h = PyTuple_GET_ITEM(obj, 0);
+    rec->slot = PyTuple_GET_ITEM(obj, 1);
+    rec->weight = PyTuple_GET_ITEM(obj, 2);
+    rec->value = PyTuple_GET_ITEM(obj, 3);
+    if (!PyList_Check(rec->h) || !PyList_Check(rec->slot) || !PyList_Check(rec->weight) || !PyList_Check(rec->value))
+        goto bad;
+    rec->n = PyList_GET_SIZE(rec->slot);
+    if (PyList_GET_SIZE(rec->h) != rec->n || PyList_GET_SIZE(rec->weight) != rec->n || PyList_GET_SIZE(rec->value) != rec->n)
+        goto bad;
+    return 0;
+bad:
+    PyErr_SetString(PyExc_TypeError, "a row must pair features._Record of aligned lists");
+    return -1;
+}
+
+/* row[slot] += weight over the record's terms, in order */
+static int
+add_terms(double *row, Py_ssize_t d, const Rec *rec)
+{
+    for (Py_ssize_t t = 0; t < rec->n; t++) {
+        Py_ssize_t slot = PyLong_AsSsize_t(PyList_GET_ITEM(rec->slot, t));
+        double w = PyFloat_AsDouble(PyList_GET_ITEM(rec->weight, t));
+        if (PyErr_Occurred())
+            return -1;
+        if (slot < 0 || slot >= d) {
+            PyErr_Format(PyExc_IndexError, "slot %zd out of range for dimension %zd", slot, d);
+            return -1;
+        }
+        row[slot] += w;
+    }
+    return 0;
+}
+
+/* digests and values of a record into h, v (room for rec->n each) */
+static int
+read_hv(const Rec *rec, uint64_t *h, double *v)
+{
+    for (Py_ssize_t t = 0; t < rec->n; t++) {
+        h[t] = PyLong_AsUnsignedLongLong(PyList_GET_ITEM(rec->h, t));
+        v[t] = PyFloat_AsDouble(PyList_GET_ITEM(rec->value, t));
+    }
+    return PyErr_Occurred() ? -1 : 0;
+}
+
+PyDoc_STRVAR(assemble_doc,
+"assemble(out, rows, interactions, offset, m, intercept)\n\n"
+"FeatureEncoder._assemble into out (n, d), all zeros: row i from rows[i] = (context record,\n"
+"action record or None), the products hashed to offset + splitmix64(h_c * phi ^ h_a) mod m;\n"
+"then coordinate 0 set to 1.0 if intercept.");
+
+static PyObject *
+assemble(PyObject *module, PyObject *args)
+{
+    PyObject *out_obj, *rows_obj;
+    int interactions, intercept;
+    Py_ssize_t offset, m;
+    if (!PyArg_ParseTuple(args, "OOpnnp:assemble", &out_obj, &rows_obj, &interactions, &offset, &m, &intercept))
+        return NULL;
+    if (m < 1 || offset < 0) {
+        PyErr_SetString(PyExc_ValueError, "need m >= 1 and offset >= 0");
+        return NULL;
+    }
+    Py_buffer out;
+    if (get_array(out_obj, &out, 2, 'd', 1, "out") < 0)
+        return NULL;
+    PyObject *rows = PySequence_Fast(rows_obj, "rows must be a sequence");
+    uint64_t *h = NULL;
+    double *v = NULL;
+    Py_ssize_t room = 0, n = out.shape[0], d = out.shape[1];
+    int ok = rows != NULL;
+    if (ok && PySequence_Fast_GET_SIZE(rows) != n) {
+        PyErr_SetString(PyExc_ValueError, "out needs one row per pair");
+        ok = 0;
+    }
+    if (ok && offset + m > d) {
+        PyErr_SetString(PyExc_ValueError, "offset + m must not exceed the dimension");
+        ok = 0;
+    }
+    for (Py_ssize_t i = 0; ok && i < n; i++) {
+        PyObject *pair = PySequence_Fast_GET_ITEM(rows, i);
+        Rec ctx, act;
+        double *row = (double *)out.buf + i * d;
+        ok = PyTuple_Check(pair) && PyTuple_GET_SIZE(pair) == 2;
+        if (!ok) {
+            PyErr_SetString(PyExc_TypeError, "rows must be (context record, action record or None) pairs");
+            break;
+        }
+        int has_act = PyTuple_GET_ITEM(pair, 1) != Py_None;
+        ok = get_rec(PyTuple_GET_ITEM(pair, 0), &ctx) == 0 && (!has_act || get_rec(PyTuple_GET_ITEM(pair, 1), &act) == 0)
+             && add_terms(row, d, &ctx) == 0 && (!has_act || add_terms(row, d, &act) == 0);
+        if (ok && interactions && has_act && ctx.n > 0 && act.n > 0) {
+            if (ctx.n + act.n > room) {
+                room = 2 * (ctx.n + act.n);
+                PyMem_Free(h);
+                h = PyMem_Malloc(room * (sizeof(uint64_t) + sizeof(double)));
+                v = (double *)(h + room);
+                if (h == NULL) {
+                    PyErr_NoMemory();
+                    ok = 0;
+                    break;
+                }
+            }
+            uint64_t *ch = h, *ah = h + ctx.n;
+            double *cv = v, *av = v + ctx.n;
+            ok = read_hv(&ctx, ch, cv) == 0 && read_hv(&act, ah, av) == 0;
+            for (Py_ssize_t j = 0; ok && j < ctx.n; j++) {
+                uint64_t hc = ch[j] * 0x9E3779B97F4A7C15ULL;
+                for (Py_ssize_t k = 0; k < act.n; k++) {
+                    uint64_t mixed = splitmix64(hc ^ ah[k]);
+                    double sign = 1.0 - 2.0 * (double)(mixed >> 63);
+                    double w = sign * cv[j];
+                    row[offset + (Py_ssize_t)(mixed % (uint64_t)m)] += w * av[k];
+                }
+            }
+        }
+        if (ok && intercept && d > 0)
+            row[0] = 1.0;
+    }
+    PyMem_Free(h);
+    Py_XDECREF(rows);
+    PyBuffer_Release(&out);
+    if (!ok)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
     {"mean_width", mean_width, METH_VARARGS, mean_width_doc},
     {"choose", choose, METH_VARARGS, choose_doc},
     {"repeated_row", repeated_row, METH_VARARGS, repeated_row_doc},
     {"all_finite", all_finite, METH_O, all_finite_doc},
+    {"hash_record", (PyCFunction)(void (*)(void))hash_record, METH_FASTCALL, hash_record_doc},
+    {"assemble", assemble, METH_VARARGS, assemble_doc},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "learner._fastscore",
     "The SDK's decision step compiled (linear scores, draws, floor, choice; candidate rows of\n"
-    "per-arm models); see learner/_fastscore.c.", -1, methods,
+    "per-arm models) and the feature encoding's hashing and summing; see learner/_fastscore.c.", -1, methods,
 };
 
 PyMODINIT_FUNC
 PyInit__fastscore(void)
 {
+    if (!(s_numeric = PyUnicode_InternFromString("numeric")) || !(s_categorical = PyUnicode_InternFromString("categorical"))
+        || !(s_vector = PyUnicode_InternFromString("vector")) || !(s_stats = PyUnicode_InternFromString("_stats"))
+        || !(s_transform = PyUnicode_InternFromString("transform")) || !(one = PyFloat_FromDouble(1.0)))
+        return NULL;
     return PyModule_Create(&module);
 }

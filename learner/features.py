@@ -143,6 +143,7 @@ class Normalizer:
     """
 
     def __init__(self, stats: Mapping[str, Sequence[float]] | None = None, *, frozen: bool = False) -> None:
+        #: name -> [count, mean, m2], floats (learner/_fastscore.c's hash_record reads them as such)
         self._stats: dict[str, list[float]] = {}
         for name, value in (stats or {}).items():
             count, mean, m2 = (float(v) for v in value)
@@ -244,6 +245,29 @@ class _Record(NamedTuple):
     value: list[float]  # value alone (for interaction products)
 
 
+class _HashPlan(NamedTuple):
+    """What the compiled ``_fastscore.hash_record`` needs to hash one namespace's records as
+    :meth:`FeatureEncoder._hash_record_python` does: the encoder's own caches and its hashing
+    on a miss (so digests and cache contents are the Python path's), and the key prefixes.
+    The field order is the C code's."""
+
+    record: type
+    normalizer: type  # whose instances' statistics are read in C (others: transform() is called)
+    ns: str
+    numeric: dict[str, tuple[str, int, int, float]]
+    cache: dict[str, tuple[int, int, float]]
+    numeric_key: Any  # FeatureEncoder._numeric_key
+    lookup: Any  # FeatureEncoder._lookup
+    clip: float
+    categorical_prefix: str
+    id_prefix: str
+    sep: str
+    vector_h: list[int]
+    vector_slot: list[int]
+    vector_sign: list[float]
+    what: str  # for error messages
+
+
 def _splitmix(x: np.ndarray) -> np.ndarray:
     x = x ^ (x >> np.uint64(30))
     x = x * _M1
@@ -278,6 +302,12 @@ class FeatureEncoder:
             "c": self._vector_layout("c", config.vector_dim),
             "a": self._vector_layout("a", config.action_vector_dim),
         }
+        self._plans = {
+            ns: _HashPlan(_Record, Normalizer, ns, self._numeric[ns], self._cache, self._numeric_key, self._lookup,
+                          float(config.clip), f"{ns}{_SEP}c{_SEP}", f"{ns}{_SEP}id{_SEP}", _SEP, *self._vectors[ns],
+                          "context" if ns == "c" else "action")
+            for ns in ("c", "a")
+        }  # fmt: skip
 
     @property
     def dimension(self) -> int:
@@ -312,12 +342,22 @@ class FeatureEncoder:
         return [h for h, _, _ in looked], [s for _, s, _ in looked], [g for _, _, g in looked]
 
     def _hash_record(self, features: Mapping[str, Any] | None, ns: str, action_id: str | None = None) -> _Record:
-        """Hash one Features record (``numeric``, ``categorical``, ``vector``) in namespace ns."""
+        """Hash one Features record (``numeric``, ``categorical``, ``vector``) in namespace ns:
+        in C when built (records of plain dicts), else :meth:`_hash_record_python`."""
+        if _fastscore is not None:
+            normalizer = self.normalizer if self.config.normalize else None
+            record = _fastscore.hash_record(self._plans[ns], features, action_id, normalizer)
+            if record is not NotImplemented:
+                return record
+        return self._hash_record_python(features, ns, action_id)
+
+    def _hash_record_python(self, features: Mapping[str, Any] | None, ns: str, action_id: str | None = None) -> _Record:
+        """The reference of :meth:`_hash_record` (and the path without the compiled module)."""
         features = features or {}
         record = _Record([], [], [], [])
         hs, slots, weights, values = record
         normalize = self.config.normalize
-        clip = self.config.clip
+        clip = float(self.config.clip)  # an int clip would put ints among the values
         lookup = self._lookup
         transform = self.normalizer.transform
         numeric_keys = self._numeric[ns]
@@ -364,6 +404,10 @@ class FeatureEncoder:
         """
         d = self.config.dimension
         n = len(rows)
+        if _fastscore is not None:  # the same sums, in the same order, without the lists
+            out = np.zeros((n, d))
+            _fastscore.assemble(out, rows, self.config.interactions, self._offset, self._m, self.config.intercept)
+            return out
         c_slot: list[int] = []
         c_weight: list[float] = []
         a_slot: list[int] = []
