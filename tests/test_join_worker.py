@@ -272,6 +272,58 @@ def test_kill_9_mid_run_then_restart_loses_no_decision(kafka, topics, tmp_path):
     assert not wrong, _explain(kafka, topics, work, updates, wrong)
 
 
+def test_two_join_workers_split_the_partitions_and_one_takes_over_when_the_other_stops(kafka, topics, tmp_path):
+    # Scaling out: two processes in one group, each with its own RocksDB; one stops mid-run and
+    # the other recovers its partitions' state from the changelog and resumes at their offsets.
+    ensure_topics(kafka, topics)
+    config_path = H.write_config(tmp_path / "join.json", _domains())
+    ports = [H.free_port(), H.free_port()]
+    logs = [tmp_path / "join-a.log", tmp_path / "join-b.log"]
+    workers = [
+        H.join_process(config_path, H.process_env(kafka, topics, tmp_path / f"state-{i}", ports[i]), logs[i])
+        for i in range(2)
+    ]
+    work = Workload(kafka, topics, 12_000, seed=9, rate=1500.0)
+
+    def records_in(i: int) -> float:
+        try:
+            return _metric(ports[i], "banditstream_records_in_total")
+        except OSError:  # still starting: no metrics endpoint yet
+            return 0.0
+
+    try:
+        produced = work.run_in_thread()
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not (records_in(0) > 0 and records_in(1) > 0 and records_in(1) > 2000):
+            for i, worker in enumerate(workers):
+                assert worker.poll() is None, logs[i].read_text()[-3000:]
+            time.sleep(0.5)
+        assert records_in(0) > 0 and records_in(1) > 2000, "both workers should hold partitions and join"
+        workers[1].send_signal(signal.SIGTERM)  # leaves the group: worker a takes its partitions over
+        assert workers[1].wait(60) == 0, logs[1].read_text()[-3000:]
+        before = records_in(0)
+        produced.join()
+        assert work.error is None, f"the workload could not produce: {work.error!r}"
+        updates = H.read_topic(kafka, topics.updates, "update", until=H.every_event(work.decisions), idle_s=2,
+                               timeout_s=240)
+        assert workers[0].poll() is None, logs[0].read_text()[-3000:]
+        assert records_in(0) > before
+    finally:
+        for worker in workers:
+            if worker.poll() is None:
+                worker.send_signal(signal.SIGTERM)
+        codes = [worker.wait(60) for worker in workers]
+    assert codes == [0, 0], [log.read_text()[-2000:] for log in logs]
+    counts = H.by_event_id(updates)
+    missing = sorted(set(work.decisions) - set(counts))
+    assert not missing, _explain(kafka, topics, work, updates, missing)  # none lost (duplicates: removed by event_id)
+    latest = {u["event_id"]: u for _, u in updates}
+    wrong = [event_id for event_id, update in latest.items()
+             if update["reward_count"] != work.expected(event_id)["reward_count"]
+             or not math.isclose(update["reward"], work.expected(event_id)["reward"], abs_tol=1e-9)]
+    assert not wrong, _explain(kafka, topics, work, updates, wrong)
+
+
 def test_bad_records_are_dead_lettered_with_their_reason_and_good_ones_joined(kafka, topics, tmp_path):
     ensure_topics(kafka, topics)
     config = H.settings(kafka, topics, tmp_path / "state", domains=_domains(1.0, routing={"vector_dim": 4})).worker_config()
