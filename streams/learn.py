@@ -285,7 +285,7 @@ class Learner:
                 f"({counts[self.topic]}): the learner publishes shard p to posterior partition p"
             )
         port = self.metrics.serve(self.config.metrics_port, self.config.metrics_host)
-        log.info("learner metrics on http://127.0.0.1:%d/metrics; group %s", port, self.group_id)
+        log.info("learner metrics on http://%s:%d/metrics; group %s", self.config.metrics_host, port, self.group_id)
         consumer = Consumer(
             self.config.kafka.consumer_config(
                 self.group_id,
