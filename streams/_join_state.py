@@ -45,7 +45,7 @@ import heapq
 import itertools
 import pickle
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from learner.domain import DomainSettings
@@ -120,9 +120,22 @@ class JoinOptions:
     #: read to its end at wall time F is taken as complete up to F minus this.
     in_flight_margin_s: float = 1.0
 
+    def __post_init__(self) -> None:
+        for option in fields(self):
+            value = getattr(self, option.name)
+            number = isinstance(option.default, float)
+            if isinstance(value, bool) or not isinstance(value, (int, float) if number else int):
+                raise ValueError(f"{option.name} must be {'a number' if number else 'an integer'}, got {value!r}")
+            if value < 0 or (value == 0 and option.name not in _MAY_BE_ZERO):
+                raise ValueError(f"{option.name} must be {'>= 0' if option.name in _MAY_BE_ZERO else '> 0'}, got {value!r}")
+
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any] | None) -> "JoinOptions":
         return cls(**dict(data or {}))
+
+
+#: Join options for which 0 means something (no cache, no margin, no memory of done markers).
+_MAY_BE_ZERO = frozenset(("entry_cache", "done_retention_s", "max_clock_skew_s", "in_flight_margin_s", "max_waiting_events"))
 
 
 @dataclass
