@@ -54,19 +54,13 @@ class EventProducer:
         self.send_raw(topic, value, key=key if key is not None else record["event_id"], on_delivery=on_delivery)
 
     def send_raw(self, topic: str, value: bytes, *, key: str | bytes | None, on_delivery=None) -> None:
-        callback = self._callback(on_delivery)
-        while True:
-            try:
-                self._producer.produce(topic, value=value, key=key, on_delivery=callback)
-                break
-            except BufferError:
-                self._producer.poll(0.05)
-        self._producer.poll(0)
+        self.send_many(topic, ((key, value),), on_delivery=on_delivery)
 
-    def send_many(self, topic: str, records: Iterable[tuple[str | bytes | None, bytes]]) -> None:
-        """Enqueue encoded ``(key, value)`` records: :meth:`send_raw` for a batch, with one
-        delivery callback for all and callbacks served once at the end."""
-        produce, callback = self._producer.produce, self._callback(None)
+    def send_many(self, topic: str, records: Iterable[tuple[str | bytes | None, bytes]], *, on_delivery=None) -> None:
+        """Enqueue encoded ``(key, value)`` records, one delivery callback for all of them; if the
+        local queue is full, serve callbacks until there is room. Callbacks are served once at
+        the end, so a batch costs one poll."""
+        produce, callback = self._producer.produce, self._callback(on_delivery)
         for key, value in records:
             while True:
                 try:

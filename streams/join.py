@@ -393,16 +393,10 @@ class JoinWorker:
                 source = DeadLetter(message.topic, message.partition, message.offset, message.key, raw)
                 size = len(raw) if raw is not None else 0
                 try:
-                    if is_decision:
-                        record = next(decoded_decisions)
-                        if isinstance(record, DecodeError):
-                            raise record
-                        record = validate_decision(record, encoded_size=size)
-                    else:
-                        record = next(decoded_rewards)
-                        if isinstance(record, DecodeError):
-                            raise record
-                        record = validate_reward(record, encoded_size=size)
+                    record = next(decoded_decisions if is_decision else decoded_rewards)
+                    if isinstance(record, DecodeError):
+                        raise record
+                    record = (validate_decision if is_decision else validate_reward)(record, encoded_size=size)
                 except (DecodeError, ValidationError) as error:
                     source.error = error
                     out.dead.append(source)

@@ -191,10 +191,10 @@ class LinearPolicy(Policy):
     def _compiled_choice(self, X: np.ndarray, slots: np.ndarray, rng: np.random.Generator) -> Choice | None:
         if _fastscore is None:
             return None
-        self._refresh(slots)
         rule = self._compiled_rule(len(slots), rng)
         if rule is None:
             return None
+        self._refresh(slots)
         coef, z, n_draws = rule
         p = np.empty(len(slots))
         chosen = _fastscore.choose(
