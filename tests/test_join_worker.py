@@ -147,6 +147,19 @@ class Workload:
                 "reward_time": max((r["timestamp"] for r in rewards), default=None)}
 
 
+def _assert_every_decision_joined_right(kafka, topics, work: "Workload", updates) -> None:
+    """None lost (duplicates after a restart or takeover are removed by event_id), and the
+    latest update of each decision carries the aggregate of its on-time rewards."""
+    counts = H.by_event_id(updates)
+    missing = sorted(set(work.decisions) - set(counts))
+    assert not missing, _explain(kafka, topics, work, updates, missing)
+    latest = {u["event_id"]: u for _, u in updates}
+    wrong = [event_id for event_id, update in latest.items()
+             if update["reward_count"] != work.expected(event_id)["reward_count"]
+             or not math.isclose(update["reward"], work.expected(event_id)["reward"], abs_tol=1e-9)]
+    assert not wrong, _explain(kafka, topics, work, updates, wrong)
+
+
 def _explain(kafka, topics, work: "Workload", updates, wrong: list[str]) -> str:
     """Why some decisions were joined wrong: their updates, dead letters and source records."""
     reward_serde = AvroSerde("reward", framing="single_object")
@@ -262,14 +275,7 @@ def test_kill_9_mid_run_then_restart_loses_no_decision(kafka, topics, tmp_path):
         worker.send_signal(signal.SIGTERM)
         code = worker.wait(60)
     assert code == 0, log.read_text()[-3000:]
-    counts = H.by_event_id(updates)
-    missing = sorted(set(work.decisions) - set(counts))
-    assert not missing, _explain(kafka, topics, work, updates, missing)  # none lost (duplicates: removed by event_id)
-    latest = {u["event_id"]: u for _, u in updates}
-    wrong = [event_id for event_id, update in latest.items()
-             if update["reward_count"] != work.expected(event_id)["reward_count"]
-             or not math.isclose(update["reward"], work.expected(event_id)["reward"], abs_tol=1e-9)]
-    assert not wrong, _explain(kafka, topics, work, updates, wrong)
+    _assert_every_decision_joined_right(kafka, topics, work, updates)
 
 
 def test_two_join_workers_split_the_partitions_and_one_takes_over_when_the_other_stops(kafka, topics, tmp_path):
@@ -314,14 +320,7 @@ def test_two_join_workers_split_the_partitions_and_one_takes_over_when_the_other
                 worker.send_signal(signal.SIGTERM)
         codes = [worker.wait(60) for worker in workers]
     assert codes == [0, 0], [log.read_text()[-2000:] for log in logs]
-    counts = H.by_event_id(updates)
-    missing = sorted(set(work.decisions) - set(counts))
-    assert not missing, _explain(kafka, topics, work, updates, missing)  # none lost (duplicates: removed by event_id)
-    latest = {u["event_id"]: u for _, u in updates}
-    wrong = [event_id for event_id, update in latest.items()
-             if update["reward_count"] != work.expected(event_id)["reward_count"]
-             or not math.isclose(update["reward"], work.expected(event_id)["reward"], abs_tol=1e-9)]
-    assert not wrong, _explain(kafka, topics, work, updates, wrong)
+    _assert_every_decision_joined_right(kafka, topics, work, updates)
 
 
 def test_bad_records_are_dead_lettered_with_their_reason_and_good_ones_joined(kafka, topics, tmp_path):
