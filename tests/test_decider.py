@@ -168,7 +168,8 @@ def test_hot_swap_under_hammering_threads_has_no_error_and_no_pause():
     Calls are chosen by their start (within 2 ms after a swap), not by whether they span one:
     a slow call is more likely to span any instant, whatever its cause. A call's wall time
     also holds what the OS and the hypervisor do to the thread (on a loaded 2-core VM, whole
-    4 ms slices), which no library can prevent; so the bound is on their median.
+    4 ms slices), which no library can prevent; so the bounds are on their 90th percentile
+    (1 ms) and median (0.2 ms).
     """
     previous = sys.getswitchinterval()
     gc.disable()  # the collector's pauses are the interpreter's, not the swap's
@@ -210,5 +211,8 @@ def test_hot_swap_under_hammering_threads_has_no_error_and_no_pause():
     assert len(everything) > 1000
     after = [end - start for start, end, *_ in everything if any(s <= start <= s + 2_000_000 for s in swaps)]
     assert len(after) >= 20, "calls must start right after the swaps"
-    assert np.median(after) < 1_000_000, f"median {np.median(after) / 1e6:.2f} ms over {len(after)} calls"
+    # 0.4-1.3% of these calls, and as many elsewhere, took over 1 ms in trials here: the VM's
+    # and the GIL's, not the swap's
+    assert np.percentile(after, 90) < 1_000_000, f"p90 {np.percentile(after, 90) / 1e6:.2f} ms over {len(after)} calls"
+    assert np.median(after) < 200_000, f"median {np.median(after) / 1e6:.2f} ms over {len(after)} calls"
     assert {v for _, _, v, _ in everything} == {s.version for s in snapshots}  # every snapshot was used
