@@ -96,6 +96,9 @@ class EventEmitter:
         #: spool positions of records the broker already acknowledged during a drain that
         #: stopped at an earlier failure; skipped on the next attempt so each arrives once
         self._acked_positions: set[int] = set()
+        #: why the last drain attempt stopped early (None: none has)
+        self.last_drain_error: str | None = None
+        self._next_drain_log = 0.0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="banditstream-emitter", daemon=True)
         self._thread.start()
@@ -164,11 +167,25 @@ class EventEmitter:
 
     def _run(self) -> None:
         while not self._stop.wait(self._drain_interval):
-            self._producer.poll(0)  # reports emit() did not serve: no event since they came
-            if self.spool.depth and self._broker_answers():
-                self._drain()
-            elif not self.spool.depth and not self._online and self._broker_answers():
-                self._online = True
+            try:
+                self._producer.poll(0)  # reports emit() did not serve: no event since they came
+                if self.spool.depth:
+                    if self._broker_answers():
+                        self._drain()
+                    else:
+                        self._drain_failed("the broker does not answer a metadata request yet")
+                elif not self._online and self._broker_answers():
+                    self._online = True
+            except Exception as exc:  # noqa: BLE001 - the thread is the spool's only way out: it stays
+                self._drain_failed(f"{type(exc).__name__}: {exc}")
+
+    def _drain_failed(self, why: str) -> None:
+        """Remember why a drain attempt stopped (``last_drain_error``); log it now and then."""
+        self.last_drain_error = why
+        now = time.monotonic()
+        if now >= self._next_drain_log:
+            self._next_drain_log = now + 10.0
+            log.warning("spool drain stopped (%d events waiting), retrying: %s", self.spool.depth, why)
 
     def _broker_answers(self) -> bool:
         try:
@@ -201,7 +218,9 @@ class EventEmitter:
                         break
                     except BufferError:
                         self._producer.poll(0.05)
-            if self._producer.flush(30) > 0:
+            in_flight = self._producer.flush(30)
+            if in_flight > 0:
+                self._drain_failed(f"{in_flight} of {len(records)} records still in flight after 30 s")
                 return  # outcome unknown for some: retry later (the join deduplicates by event_id)
             acknowledged = 0
             for result in results:
@@ -216,6 +235,7 @@ class EventEmitter:
                 if self._on_spool_depth is not None:
                     self._on_spool_depth(self.spool.depth)
             if acknowledged < len(records):
+                self._drain_failed(f"record {acknowledged + 1} of {len(records)}: {results[acknowledged]}")
                 self._acked_positions.update(
                     records[i][0] for i in range(acknowledged, len(records)) if results[i] is None
                 )

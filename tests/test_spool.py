@@ -89,7 +89,10 @@ def test_spool_holds_10k_decisions_while_kafka_is_down_and_delivers_each_once(tm
             ensure_topics(kafka, topics)
             # usually ~15 s after the broker is back; reconnection after a long outage has been
             # seen to take up to a minute on a loaded machine
-            assert decider.flush(timeout=120), f"spool not drained: {decider.spool_depth} left"
+            assert decider.flush(timeout=120), (
+                f"spool not drained: {decider.spool_depth} left; emitter online {decider._emitter.online}, "
+                f"stats {decider._emitter.stats}, last drain error {decider._emitter.last_drain_error!r}"
+            )
             serde = AvroSerde("decision", framing="single_object")
             seen: dict[str, int] = {}
             with BatchConsumer(kafka, "spool-check", [topics.decisions]) as consumer:
