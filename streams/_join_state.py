@@ -17,8 +17,22 @@ worker):
   (``reward_without_decision``). Each keeps its raw bytes and source coordinates.
 * ``["X", done_wall_ms, reward_ids]`` - the decision was emitted; kept ``done_retention_s``
   so a replayed or duplicated decision or reward is recognised, then purged locally.
-* ``m:meta`` - the clock and the next source offset per topic the state needs; ``n:<domain>``
-  - the domain's normaliser statistics (per partition).
+* ``["Z", done_wall_ms, last_offset]`` - early rewards whose decision never came were
+  dead-lettered; a replayed reward at or below ``last_offset`` is skipped. Purged like "X".
+* ``m:meta`` - the clock, per source topic the next offset handled (``offsets``) and where
+  reading resumes after a restart (``replay_from``, see below); ``n:<domain>`` - the
+  domain's normaliser statistics (per partition).
+
+Open entries are *held* in memory, not written, while they are among the partition's newest
+``entry_cache`` (a decision's entry is written once, when it finishes as "X", instead of
+three times: opened, reward attached, done). What is held lives in the source topics
+instead: ``replay_from`` is the offset of the oldest record per topic whose effect is held
+only in memory, and after a restart (or on another worker) reading resumes there. Records
+between ``replay_from`` and ``offsets`` are replays: applied again to rebuild what was held,
+their dead letters and duplicate counts suppressed (they were sent the first time), and an
+entry already written ("X", "Z", a written "D") makes them no-ops. An entry evicted from
+memory is written and from then on written on every change, like an entry of a domain
+that normalises its features (its encoding depends on the normaliser's state at the time).
 
 The deadline index is an in-memory heap of ``(deadline_ms, key)`` per partition, rebuilt
 from the database when the partition is assigned (after faust's changelog recovery).
@@ -44,6 +58,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import pickle
+from collections import defaultdict, deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
@@ -95,11 +110,19 @@ class JoinOptions:
     #: Longest wait to fill a batch, seconds (each batch costs three flushes to the broker:
     #: outputs, changelog, fence; 0.2 measured ~15% more throughput than 0.05).
     batch_within_s: float = 0.2
-    #: Open entries (waiting decisions, early rewards) kept decoded in memory per partition
-    #: (the newest): a reward, decision or deadline for one of them reads no database entry
-    #: and unpickles nothing. About 3 KB each at d=16-32 (30 MB per partition by default);
-    #: older ones are read back from RocksDB when needed: this bounds memory, not correctness.
+    #: Open entries (waiting decisions, early rewards) kept in memory per partition (the
+    #: newest): held there unwritten until they finish or age out (see the module's doc), so
+    #: a reward, decision or deadline for one of them reads, unpickles and writes nothing.
+    #: About 3 KB each at d=16-32 (30 MB per partition by default). Older ones are written
+    #: and read back from RocksDB when needed. It bounds memory and how much a restart
+    #: replays (records since the oldest held entry), not correctness; 0 writes every change.
     entry_cache: int = 10_000
+    #: Rewards are handed to the join in time order with their partition's decisions: a
+    #: reward waits, undecoded, until a decision stamped no more than this before it is read
+    #: (or the decisions are read to their end), seconds.
+    reward_lead_s: float = 0.0
+    #: Rewards waiting so per partition before the partition's fetching pauses.
+    rewards_held_max: int = 20_000
     #: Wall-clock sweeper period, seconds.
     sweep_interval_s: float = 0.5
     #: Distinct rewards kept per decision; more are dead-lettered (``too_many_rewards``).
@@ -135,7 +158,9 @@ class JoinOptions:
 
 
 #: Join options for which 0 means something (no cache, no margin, no memory of done markers).
-_MAY_BE_ZERO = frozenset(("entry_cache", "done_retention_s", "max_clock_skew_s", "in_flight_margin_s", "max_waiting_events"))
+_MAY_BE_ZERO = frozenset(
+    ("entry_cache", "done_retention_s", "max_clock_skew_s", "in_flight_margin_s", "max_waiting_events", "reward_lead_s")
+)
 
 
 @dataclass
@@ -202,8 +227,15 @@ class PartitionState:
         self.watermark = -(1 << 62)
         #: Producer time of the newest reward read on this partition (this session).
         self.rewards_read = -(1 << 62)
-        #: Source topic -> next offset to handle: what the state reflects, stored with it.
+        #: Source topic -> next offset after the newest record handled, stored with the state.
         self.offsets: dict[str, int] = {}
+        #: Source topic -> where reading resumes after a restart: the oldest record whose
+        #: effect is held in memory only (stored with the state as ``replay_from``).
+        self.resume: dict[str, int] = {}
+        #: Source topic -> next offset to read in this session (starts at ``resume``).
+        self.position: dict[str, int] = {}
+        #: Source topic -> records below this offset (read again after a restart) are replays.
+        self.replay_until: dict[str, int] = {}
         self.normalizers: dict[str, Normalizer] = {}
         self._encoders: dict[str, FeatureEncoder] = {}
         self._norm_dirty: set[str] = set()
@@ -212,12 +244,15 @@ class PartitionState:
         self._meta_dirty = False
         #: This batch's entries, as read or written (cleared when its changes are taken).
         self._cache: dict[bytes, list | None] = {}
-        #: Persisted open entries ("D" waiting decisions, "R" early rewards), decoded, oldest
-        #: first: most rewards, late decisions and deadlines come while their entry is still
-        #: here, so it is neither read from the database nor unpickled again. Always equal to
-        #: the database (updated as changes are taken; the worker stops if persisting fails).
+        #: Open entries ("D" waiting decisions, "R" early rewards), decoded, oldest first:
+        #: written ones (equal to the database), and held ones (in ``_held``, not written).
         self._open: dict[bytes, list] = {}
         self._entry_cache = entry_cache
+        #: Keys of open entries held in memory only, and per source topic the (offset, key)
+        #: of every record whose effect went into one, in offset order (stale ones dropped
+        #: lazily): the oldest still held gives ``resume``.
+        self._held: set[bytes] = set()
+        self._held_records: defaultdict[str, deque[tuple[int, bytes]]] = defaultdict(deque)
         self.dirty: set[bytes] = set()
         self.purge_cursor = EVENT_PREFIX
         self._load()
@@ -231,6 +266,9 @@ class PartitionState:
             meta = _LOAD(meta)
             self.watermark = int(meta["watermark"])
             self.offsets = dict(meta.get("offsets", {}))
+            self.resume = {**self.offsets, **meta.get("replay_from", {})}
+        self.position = dict(self.resume)
+        self.replay_until = dict(self.offsets)
         for name in self._domains:
             raw = self.db.get(NORM_PREFIX + name.encode())
             if raw is not None:
@@ -265,8 +303,25 @@ class PartitionState:
             return entry
 
     def put(self, key: bytes, entry: list | None) -> None:
+        """Change an entry, written with this batch (always for "X", "Z" and deletes)."""
         self._cache[key] = entry
         self.dirty.add(key)
+
+    def hold(self, key: bytes, entry: list, topic: str, offset: int) -> None:
+        """Change an open entry because of ``topic``'s record at ``offset``, in memory only
+        if it was never written (:meth:`get` it first); else as :meth:`put`."""
+        previous = self._cache.get(key)
+        if key in self.dirty or (previous is not None and key not in self._held and previous[0] in ("D", "R")):
+            self.put(key, entry)
+            return
+        self._cache[key] = entry
+        self._open[key] = entry
+        self._held.add(key)
+        self._held_records[topic].append((offset, key))
+
+    def replaying(self, topic: str, offset: int) -> bool:
+        """Whether the record was handled before the last restart (read again: a replay)."""
+        return offset < self.replay_until.get(topic, -1)
 
     def encoder(self, domain: _Domain) -> FeatureEncoder:
         encoder = self._encoders.get(domain.name)
@@ -277,7 +332,9 @@ class PartitionState:
 
     def handled(self, topic: str, offset: int) -> None:
         """Record that the state now reflects ``topic``'s record at ``offset``."""
-        self.offsets[topic] = offset + 1
+        self.position[topic] = offset + 1
+        if offset >= self.offsets.get(topic, -1):
+            self.offsets[topic] = offset + 1
         self._meta_dirty = True
 
     def normalizer_changed(self, domain: str) -> None:
@@ -307,26 +364,40 @@ class PartitionState:
     def changes(self) -> list[tuple[bytes, bytes | None]]:
         """This batch's writes as (key, value or None for a delete); clears them."""
         out: list[tuple[bytes, bytes | None]] = []
-        cache, live = self._cache, self._open
+        cache, live, held = self._cache, self._open, self._held
         for key in self.dirty:
             entry = cache[key]
+            held.discard(key)
             if entry is None:
                 out.append((key, None))
                 live.pop(key, None)
                 continue
             out.append((key, encode_entry(entry)))
-            if entry[0] == "X":
+            if entry[0] == "X" or entry[0] == "Z":
                 live.pop(key, None)
             else:
                 live[key] = entry
         excess = len(live) - self._entry_cache
-        if excess > 0:  # the oldest entries out of memory: read back from the database if needed
+        if excess > 0:  # the oldest entries out of memory: written if held, read back if needed
             for key in list(itertools.islice(live, excess)):
-                del live[key]
+                entry = live.pop(key)
+                if key in held:
+                    held.discard(key)
+                    out.append((key, encode_entry(entry)))
+        resume = dict(self.offsets)
+        for topic, records in self._held_records.items():
+            while records and records[0][1] not in held:
+                records.popleft()
+            if records:
+                resume[topic] = records[0][0]
+        if resume != self.resume:
+            self.resume = resume
+            self._meta_dirty = True
         for name in self._norm_dirty:
             out.append((NORM_PREFIX + name.encode(), _DUMP(self.normalizers[name].export(), _PROTOCOL)))
         if self._meta_dirty or out:
-            out.append((META_KEY, _DUMP({"watermark": self.watermark, "offsets": self.offsets}, _PROTOCOL)))
+            meta = {"watermark": self.watermark, "offsets": self.offsets, "replay_from": self.resume}
+            out.append((META_KEY, _DUMP(meta, _PROTOCOL)))
         self.dirty = set()
         self._norm_dirty = set()
         self._meta_dirty = False
@@ -334,7 +405,7 @@ class PartitionState:
         return out
 
     def purge_done(self, now_wall_ms: float, retention_ms: float, scan: int) -> int:
-        """Delete done markers older than the retention, looking at ``scan`` keys at most.
+        """Delete done markers ("X", "Z") older than the retention, looking at ``scan`` keys at most.
 
         Local deletes only: the changelog topic's retention drops old markers there, and a
         marker restored from it is purged again here by its timestamp.
@@ -349,7 +420,7 @@ class PartitionState:
             if not key.startswith(EVENT_PREFIX):
                 break
             head = it.value()[:_HEAD]
-            if head[:1] == b"X" and int.from_bytes(head[1:], "big", signed=True) < cutoff and key not in self._cache:
+            if head[:1] in (b"X", b"Z") and int.from_bytes(head[1:], "big", signed=True) < cutoff and key not in self._cache:
                 stale.append(key)
             seen += 1
             it.next()
@@ -399,9 +470,12 @@ class JoinCore:
         """Open the decision's join entry; ``features`` as :meth:`encode` gave them, if it did."""
         key = EVENT_PREFIX + event["event_id"].encode()
         entry = part.get(key)
-        if entry is not None and entry[0] != "R":
-            out.duplicate("decision")
-            return
+        if entry is not None:
+            if entry[0] == "Z":  # its early rewards gave up waiting: it opens afresh
+                entry = None
+            elif entry[0] != "R":
+                out.duplicate("decision")
+                return
         domain = self.domains[event["domain"]]
         if isinstance(features, Exception):
             raise features
@@ -444,7 +518,10 @@ class JoinCore:
             part.waiting -= 1
             for waiting in entry[2]:
                 self._attach(update, deadline, rewards, waiting, out)
-        part.put(key, ["D", deadline, update, rewards])
+        if domain.normalize:  # encoded with the normaliser as it is now: never rebuilt by a replay
+            part.put(key, ["D", deadline, update, rewards])
+        else:
+            part.hold(key, ["D", deadline, update, rewards], source.topic, source.offset)
         heapq.heappush(part.heap, (deadline, key))
 
     def reward(self, part: PartitionState, event: dict, source: DeadLetter, out: Outputs) -> None:
@@ -453,13 +530,17 @@ class JoinCore:
         reward_id = event["reward_id"]
         owner = (event["tenant"], event["workspace"], event["domain"])
         waiting = (reward_id, event["timestamp"], dict(event.get("signals") or {}), event.get("value"), owner, source)
+        if entry is not None and entry[0] == "Z":
+            if source.offset <= entry[2]:  # a replay of a reward dead-lettered with them
+                return
+            entry = None
         if entry is None:
             if part.waiting >= self.options.max_waiting_events:
                 out.dead.append(_refuse(source, "reward_without_decision",
                                         f"{part.waiting} event ids already wait for their decision on this partition"))
                 return
             expire = event["timestamp"] + self.domains[event["domain"]].window_ms
-            part.put(key, ["R", expire, [waiting]])
+            part.hold(key, ["R", expire, [waiting]], source.topic, source.offset)
             part.waiting += 1
             heapq.heappush(part.heap, (expire, key))
             return
@@ -472,7 +553,7 @@ class JoinCore:
                                         f"already {len(entry[2])} rewards wait for this decision"))
             else:
                 entry[2].append(waiting)
-                part.put(key, entry)
+                part.hold(key, entry, source.topic, source.offset)
             return
         if kind == "X":
             if reward_id in entry[2]:
@@ -483,7 +564,7 @@ class JoinCore:
                                         f"its decision was already joined and emitted (at {entry[1]}, clock {part.watermark})"))
             return
         if self._attach(entry[2], entry[1], entry[3], waiting, out):
-            part.put(key, entry)
+            part.hold(key, entry, source.topic, source.offset)
 
     def _attach(self, update: dict, deadline: int, rewards: dict, waiting: tuple, out: Outputs) -> bool:
         """Add a reward to a waiting decision, or count/dead-letter it; True if added."""
@@ -531,7 +612,7 @@ class JoinCore:
                 for waiting in entry[2]:
                     out.dead.append(_refuse(waiting[5], "reward_without_decision",
                                             f"no decision {key[len(EVENT_PREFIX):].decode()!r} arrived within the window"))
-                part.put(key, None)
+                part.put(key, ["Z", done_at, max(waiting[5].offset for waiting in entry[2])])
 
     def _finalise(self, domain: _Domain, update: dict, rewards: dict) -> tuple[str, dict]:
         record = dict(update)

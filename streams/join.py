@@ -24,8 +24,9 @@ about 3,000 decision/reward pairs/s on this 2-core machine. The state is driven 
    UpdateEvent (the learner dedupes by event_id), never lose one.
 
 Where reading resumes is the state's business, not faust's: on every assignment the
-offsets the state stores are committed before faust seeks to the committed offsets, and
-records below them are skipped as replays. (After kill -9, faust's own committed offsets
+offsets the state stores (``replay_from``: the oldest record whose effect the state holds
+in memory only) are committed before faust seeks to the committed offsets; records read
+again up to the newest one handled rebuild what was held, their outputs suppressed. (After kill -9, faust's own committed offsets
 were seen *ahead* of what the state held - records acknowledged by faust's stream but
 never joined - which lost decisions.)
 
@@ -58,7 +59,8 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Iterable
+from collections import deque
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import faust
@@ -84,7 +86,7 @@ from streams.topics import check_topics
 from streams.validation import Validator
 from streams.worker import NORMALIZER_POLICY, WorkerConfig
 
-__all__ = ["JoinOptions", "JoinWorker", "run_join"]
+__all__ = ["JoinOptions", "JoinWorker", "RewardHold", "run_join"]
 
 log = logging.getLogger("banditstream.join")
 
@@ -111,6 +113,65 @@ class _Worker(faust.Worker):
             super().install_signal_handlers()
 
 
+class RewardHold:
+    """Rewards wait here, undecoded, until their partition's decisions are read past their time.
+
+    A fetch hands the join up to a megabyte of one partition at a time, and a reward is a
+    fifth of a decision's size: when the join was behind, it read rewards seconds ahead of
+    their decisions, each opened an early-reward entry for its decision to find, and with a
+    big enough backlog those outgrew memory (written, read back). Handed over in time order,
+    a reward finds its decision waiting. A partition's rewards go as soon as its decisions
+    are read to their end (nothing to wait for), and when more than ``max_held`` wait the
+    partition is paused (:meth:`over`) so memory stays bounded.
+    """
+
+    def __init__(self, lead_ms: int, max_held: int) -> None:
+        self.lead_ms = lead_ms
+        self.max_held = max_held
+        self.held: dict[int, deque] = {}
+        #: Partition -> producer time (ms) of the newest decision read.
+        self.decisions_at: dict[int, int] = {}
+
+    def decision(self, partition: int, timestamp_ms: int) -> None:
+        if timestamp_ms > self.decisions_at.get(partition, -(1 << 62)):
+            self.decisions_at[partition] = timestamp_ms
+
+    def reward(self, partition: int, message: Any) -> None:
+        held = self.held.get(partition)
+        if held is None:
+            held = self.held[partition] = deque()
+        held.append(message)
+
+    def release(self, read_to_end: Callable[[int], bool]) -> list:
+        """The rewards to handle now, per partition in offset order: those stamped up to
+        ``lead_ms`` after the newest decision read, all of them once ``read_to_end(partition)``
+        says its decisions have nothing left."""
+        out: list = []
+        for partition, held in self.held.items():
+            if not held:
+                continue
+            if read_to_end(partition):
+                out.extend(held)
+                held.clear()
+                continue
+            limit = (self.decisions_at.get(partition, -(1 << 62)) + self.lead_ms) / 1000.0
+            while held and (held[0].timestamp or 0) <= limit:
+                out.append(held.popleft())
+        return out
+
+    def over(self) -> set[int]:
+        """Partitions with more than ``max_held`` rewards waiting (to pause)."""
+        return {partition for partition, held in self.held.items() if len(held) > self.max_held}
+
+    def count(self, partition: int) -> int:
+        held = self.held.get(partition)
+        return 0 if held is None else len(held)
+
+    def clear(self) -> None:
+        self.held.clear()
+        self.decisions_at.clear()
+
+
 class _BatchingConsumer(AIOKafkaConsumer):
     """faust's aiokafka consumer, handing the join's source records over in batches.
 
@@ -123,6 +184,7 @@ class _BatchingConsumer(AIOKafkaConsumer):
     the sources is acknowledged to faust, so faust never commits their offsets: where
     reading resumes is the join state's business (:meth:`JoinWorker._commit_state_offsets`).
     A rebalance drops what is collected; it is fetched again from the state's offsets.
+    Rewards are handed over in time order with the decisions (:class:`RewardHold`).
     """
 
     async def _drain_messages(self, fetcher: Any) -> None:  # pragma: no cover - faust's fetcher task
@@ -132,21 +194,49 @@ class _BatchingConsumer(AIOKafkaConsumer):
         set_read_offset = self._read_offset.__setitem__
         stopped = self._stopped.is_set
         fetcher_stopped = fetcher._stopped.is_set
+        hold: RewardHold = sink.reward_hold
+        decisions, rewards = sink.batch_decisions, sink.batch_rewards
+        paused: set[int] = set()
         pending: list = []
         first_at = 0.0
-        generation = None
+        generation = held_generation = None
         try:
             while not (stopped() or fetcher_stopped()):
+                if self.app.consumer_generation_id != held_generation:  # assigned anew: as pending
+                    hold.clear()
+                    held_generation = self.app.consumer_generation_id
+                    if paused:
+                        self.resume_partitions([TP(rewards, p) for p in paused])
+                        paused.clear()
                 fetched = 0
                 async for tp, message in getmany(timeout=within):
                     fetched += 1
                     set_read_offset(tp, message.offset)
-                    if tp.topic in sources:
+                    topic = tp.topic
+                    if topic == rewards:
+                        hold.reward(tp.partition, message)
+                    elif topic in sources:
+                        if topic == decisions:
+                            hold.decision(tp.partition, int((message.timestamp or 0) * 1000))
                         if not pending:
                             first_at, generation = time.monotonic(), self.app.consumer_generation_id
                         pending.append(message)
                     else:
                         await callback(message)
+                if self.app.consumer_generation_id == held_generation:
+                    released = hold.release(sink.decisions_read_to_end)
+                    if released:
+                        if not pending:
+                            first_at, generation = time.monotonic(), held_generation
+                        pending.extend(released)
+                    over = hold.over()
+                    if over:  # again each time: faust resumes partitions after a recovery
+                        self.pause_partitions([TP(rewards, p) for p in over])
+                        paused |= over
+                    resume = {p for p in paused if hold.count(p) <= hold.max_held // 2}
+                    if resume:
+                        self.resume_partitions([TP(rewards, p) for p in resume])
+                        paused -= resume
                 await self.sleep(0)
                 if pending and self.app.consumer_generation_id != generation:
                     pending = []  # assigned anew: read again from the state's offsets
@@ -171,11 +261,15 @@ class _JoinApp(faust.App):
     batch_max = 4000
     batch_within_s = 0.2
 
-    def consume_in_batches(self, topic: faust.TopicT, sink) -> None:
+    def consume_in_batches(self, topic: faust.TopicT, sink, *, decisions: str, rewards: str,
+                           read_to_end: Callable[[int], bool], hold: RewardHold) -> None:
         """Subscribe to ``topic`` (through the conductor, so the assignor co-partitions the
-        tables with it) and hand its records to ``sink`` in batches."""
+        tables with it) and hand its records to ``sink`` in batches, ``rewards`` in time
+        order with ``decisions`` (``read_to_end(partition)``: its decisions have nothing left)."""
         self.batch_source, self.batch_sink = topic, sink
         self.batch_topics = frozenset(topic.topics)
+        self.batch_decisions, self.batch_rewards = decisions, rewards
+        self.decisions_read_to_end, self.reward_hold = read_to_end, hold
 
     async def on_start(self) -> None:
         # Here, not when the app is built: the conductor is a service of the worker's loop.
@@ -253,7 +347,11 @@ class JoinWorker:
             except Exception as exc:
                 self._fail_stop(exc)
 
-        app.consume_in_batches(source, join)
+        app.consume_in_batches(
+            source, join, decisions=config.topics.decisions, rewards=config.topics.rewards,
+            read_to_end=self._decisions_read_to_end,
+            hold=RewardHold(int(options.reward_lead_s * 1000), options.rewards_held_max),
+        )
 
         @app.timer(options.sweep_interval_s, name="join-sweeper")
         async def sweeper():
@@ -367,7 +465,10 @@ class JoinWorker:
             validate_reward = self.validator.validate_reward
             core = self.core
             positions = self.positions
-            accepted: list[tuple[PartitionState, bool, Any]] = []
+            # Records read again after a restart (see streams._join_state) rebuild what was
+            # held in memory; what they output was sent the first time, so it goes here.
+            replayed = Outputs()
+            accepted: list[tuple[PartitionState, bool, Any, Outputs]] = []
             for message in messages:
                 if message.tp not in assigned:  # revoked while the batch was collected
                     continue
@@ -377,18 +478,19 @@ class JoinWorker:
                 if not self._in_sequence(part, topic, offset):
                     continue
                 positions[(topic, partition)] = offset + 1
+                sink = replayed if part.replaying(topic, offset) else out
                 part.handled(topic, offset)
                 is_decision = topic == decisions
                 if not is_decision:
                     stamp = int(message.timestamp * 1000)
                     if stamp > part.rewards_read:
                         part.rewards_read = stamp
-                accepted.append((part, is_decision, message))
+                accepted.append((part, is_decision, message, sink))
             # Decoded per topic in one call each (the C reader's batch path), then in order.
-            decoded_decisions = iter(self.decision_serde.decode_batch([m.value or b"" for _, d, m in accepted if d]))
-            decoded_rewards = iter(self.reward_serde.decode_batch([m.value or b"" for _, d, m in accepted if not d]))
-            handled: list[tuple[PartitionState, bool, dict, DeadLetter]] = []
-            for part, is_decision, message in accepted:
+            decoded_decisions = iter(self.decision_serde.decode_batch([m.value or b"" for _, d, m, _ in accepted if d]))
+            decoded_rewards = iter(self.reward_serde.decode_batch([m.value or b"" for _, d, m, _ in accepted if not d]))
+            handled: list[tuple[PartitionState, bool, dict, DeadLetter, Outputs]] = []
+            for part, is_decision, message, sink in accepted:
                 raw = message.value
                 source = DeadLetter(message.topic, message.partition, message.offset, message.key, raw)
                 size = len(raw) if raw is not None else 0
@@ -399,25 +501,29 @@ class JoinWorker:
                     record = (validate_decision if is_decision else validate_reward)(record, encoded_size=size)
                 except (DecodeError, ValidationError) as error:
                     source.error = error
-                    out.dead.append(source)
+                    sink.dead.append(source)
                     continue
-                handled.append((part, is_decision, record, source))
-            encoded = iter(core.encode([record for _, is_decision, record, _ in handled if is_decision]))
-            for part, is_decision, record, source in handled:
+                handled.append((part, is_decision, record, source, sink))
+            encoded = iter(core.encode([record for _, is_decision, record, _, _ in handled if is_decision]))
+            for part, is_decision, record, source, sink in handled:
                 try:
                     if is_decision:
-                        core.decision(part, record, source, out, next(encoded))
+                        core.decision(part, record, source, sink, next(encoded))
                         ts = min(record["timestamp"], future)
                         if ts > max_ts.get(part.partition, -(1 << 62)):
                             max_ts[part.partition] = ts
                     else:
-                        core.reward(part, record, source, out)
+                        core.reward(part, record, source, sink)
                 except Exception as error:  # a record must never stop the worker
-                    log.warning("join: %s/%d@%d refused: %r", source.topic, source.partition, source.offset, error)
+                    if sink is out:
+                        log.warning("join: %s/%d@%d refused: %r", source.topic, source.partition, source.offset, error)
                     source.error = error
-                    out.dead.append(source)
+                    sink.dead.append(source)
             for topic, n in counts.items():
                 self.metrics.records_in.labels("join", topic).inc(n)
+            n_replayed = sum(1 for *_, sink in accepted if sink is replayed)
+            if n_replayed:
+                self.metrics.duplicates.labels("join", "replayed").inc(n_replayed)
             clocks = await self._clocks()
             for partition, part in self.parts.items():
                 core.fire(part, now, out, max_ts.get(partition), *clocks.get(partition, (None, part.rewards_read)))
@@ -425,20 +531,21 @@ class JoinWorker:
             await asyncio.shield(self._commit(out, self.parts.values()))
 
     def _in_sequence(self, part: PartitionState, topic: str, offset: int) -> bool:
-        """Whether to handle this record: it is not in the partition's state yet.
+        """Whether to handle this record: this session has not read it yet.
 
-        The state stores, with every write, the next source offset it needs per topic, and
-        commits those offsets to the group whenever partitions are assigned, before faust
-        seeks to the committed offsets (:meth:`_commit_state_offsets`): reading resumes
-        exactly where the state ends, whatever faust committed meanwhile. A record below
-        that offset is already in the state (a replay: skipped). One above it follows a
-        hole in the log (transaction markers, compaction): taken, and logged.
+        The state stores, with every write, per topic the offset reading must resume at (the
+        oldest record whose effect it holds in memory only, else the next one), and commits
+        those offsets to the group whenever partitions are assigned, before faust seeks to
+        the committed offsets (:meth:`_commit_state_offsets`): reading resumes exactly
+        there, whatever faust committed meanwhile. A record below the position is handled
+        already (fetched twice: skipped). One above it follows a hole in the log
+        (transaction markers, compaction): taken, and logged.
         """
-        expected = part.offsets.get(topic)
+        expected = part.position.get(topic)
         if expected is None or offset == expected:
             return True
         if offset < expected:
-            self.metrics.duplicates.labels("join", "replayed").inc()
+            self.metrics.duplicates.labels("join", "refetched").inc()
             return False
         log.info("join: %s/%d has no records %d..%d", topic, part.partition, expected, offset - 1)
         return True
@@ -457,7 +564,7 @@ class JoinWorker:
         offsets = {
             TP(topic, partition): offset
             for partition, part in self.parts.items()
-            for topic, offset in part.offsets.items()
+            for topic, offset in part.resume.items()
             if topic in sources and TP(topic, partition) in assigned
             and consumer._committed_offset.get(TP(topic, partition)) != offset
         }
@@ -540,6 +647,18 @@ class JoinWorker:
             clocks[partition] = (complete_at, cap)
         return clocks
 
+    def _decisions_read_to_end(self, partition: int) -> bool:
+        """Whether every decision of the partition the broker has was read (or it is not
+        known: then rewards are not held back)."""
+        tp = TP(self.topics.decisions, partition)
+        highwater, _ = self._fetch_state(tp)
+        if highwater is None:
+            return True
+        read = self.app.consumer._read_offset.get(tp)
+        part = self.parts.get(partition)
+        position = max(-1 if read is None else read + 1, (part.position.get(tp.topic, -1) if part else -1))
+        return position >= highwater
+
     def _fetch_state(self, tp: TP) -> tuple[int | None, int | None]:
         """(highwater, wall ms of the fetch response that carried it) from the consumer."""
         try:
@@ -560,7 +679,7 @@ class JoinWorker:
         if highwater is None or polled_at is None:
             return None
         part = self.parts.get(partition)
-        position = None if part is None else part.offsets.get(topic)
+        position = None if part is None else part.position.get(topic)
         if position is None:  # nothing of it handled ever: from where the group starts
             position = self.app.consumer._committed_offset.get(tp) or 0
         if position < highwater:
