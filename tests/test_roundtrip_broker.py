@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import random
+import tempfile
 import uuid
+from pathlib import Path
 
 import pytest
 from confluent_kafka.schema_registry import SchemaRegistryClient
@@ -93,3 +95,41 @@ def test_confluent_serializer_interop_through_the_broker(kafka, topics):
         assert ours_decoded == original
         theirs_decoded["timestamp"] = int(theirs_decoded["timestamp"].timestamp() * 1000)  # they return datetimes
         assert theirs_decoded == original
+
+
+def test_a_caught_up_consumer_gets_a_new_record_within_the_profiles_fetch_wait(kafka, topics):
+    """The broker profile keeps fetch waits short where the broker answers a waiting fetch
+    only when its wait runs out (Tansu): a record produced while a caught-up consumer's
+    fetch waits arrives within about 0.1 s (with librdkafka's default wait, ~0.2 s in
+    this test; with faust's, up to 1.5 s). And the join's own (aiokafka) consumer gets the same wait."""
+    import time
+
+    from confluent_kafka import Consumer, Producer, TopicPartition
+
+    from streams.join import JoinWorker
+    from tests import join_helpers as H
+
+    ensure_topics(kafka, topics)
+    producer = Producer(kafka.producer_config())
+    consumer = Consumer(kafka.consumer_config(f"wait-{topics.decisions}"))
+    consumer.assign([TopicPartition(topics.decisions, 0, 0)])
+    producer.produce(topics.decisions, b"first", partition=0)
+    producer.flush(10)
+    deadline = time.monotonic() + 30
+    while (message := consumer.poll(0.5)) is None or message.error() is not None:
+        assert time.monotonic() < deadline, "the first record never arrived"
+    took = []
+    for _ in range(5):
+        time.sleep(0.05)  # the consumer's next fetch is waiting at the log end by now
+        sent = time.monotonic()
+        producer.produce(topics.decisions, b"next", partition=0)
+        producer.flush(10)
+        while (message := consumer.poll(0.01)) is None or message.error() is not None:
+            assert time.monotonic() - sent < 10, "a record never arrived"
+        took.append(time.monotonic() - sent)
+    consumer.close()
+    took.sort()
+    assert took[2] <= 0.12, took
+
+    worker = JoinWorker(H.settings(kafka, topics, Path(tempfile.mkdtemp())).worker_config())
+    assert worker.app.fetch_max_wait_ms == kafka.broker_profile.fetch_max_wait_ms
