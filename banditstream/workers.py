@@ -34,15 +34,17 @@ class WorkerProcesses:
         self.processes: dict[str, subprocess.Popen] = {}
         self.ports: dict[str, int] = {}
 
-    def start(self, name: str, config: Path, *, profile: Path | None = None, cwd: Path | None = None) -> None:
-        """Start ``banditstream --config CONFIG <name>`` (under cProfile writing to ``profile``
-        when SIGTERM ends it, if given); its output goes to ``WORKDIR/<name>.log``."""
+    def start(self, name: str, config: Path, *, profile: Path | None = None, cwd: Path | None = None,
+              command: str | None = None) -> None:
+        """Start ``banditstream --config CONFIG <command>`` (``command`` defaults to ``name``;
+        under cProfile writing to ``profile`` when SIGTERM ends it, if given); its output goes
+        to ``WORKDIR/<name>.log``."""
         port = free_port()
         self.ports[name] = port
         prefix = ["-m", "cProfile", "-o", str(profile)] if profile else []
         with open(self.workdir / f"{name}.log", "wb") as log:
             self.processes[name] = subprocess.Popen(
-                [sys.executable, *prefix, "-m", "banditstream.cli", "--config", str(config), name],
+                [sys.executable, *prefix, "-m", "banditstream.cli", "--config", str(config), command or name],
                 env={**os.environ, "BANDITSTREAM_METRICS__PORT": str(port), "OPENBLAS_NUM_THREADS": "1"},
                 cwd=cwd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
             )  # fmt: skip

@@ -149,6 +149,8 @@ class BenchOptions:
     window_s: float = 1.0
     partitions: int = 4
     seed: int = 0
+    #: Join processes (one consumer group: the partitions are split between them).
+    join_workers: int = 1
     warmup_pairs: int = 600
     #: Offered rate of the latency phase, pairs/s; 0: the target, or 70 % of the measured
     #: throughput when that is lower.
@@ -286,8 +288,22 @@ def _cpu_seconds(pid: int) -> float:
 class Workers(WorkerProcesses):
     """The join and learner processes (banditstream.workers), run from the repository root."""
 
-    def start(self, name: str, config: Path, *, profile: Path | None = None) -> None:
-        super().start(name, config, profile=profile, cwd=ROOT)
+    def start(self, name: str, config: Path, *, profile: Path | None = None, command: str | None = None) -> None:
+        super().start(name, config, profile=profile, cwd=ROOT, command=command)
+
+    def joins(self) -> list[str]:
+        """Names of the join processes (``join``, ``join-2``, ...)."""
+        return [name for name in self.processes if name == "join" or name.startswith("join-")]
+
+    def scrape_joins(self) -> dict[str, dict[str, float]]:
+        """The join processes' metrics, summed sample by sample (one group, split partitions)."""
+        merged: dict[str, dict[str, float]] = {}
+        for name in self.joins():
+            for family, samples in self.scrape(name).items():
+                into = merged.setdefault(family, {})
+                for labels, value in samples.items():
+                    into[labels] = into.get(labels, 0.0) + value
+        return merged
 
     def check(self) -> None:
         try:
@@ -534,16 +550,18 @@ class Bench:
 
     # -- set-up -------------------------------------------------------------------------
 
-    def write_config(self) -> Path:
+    def write_config(self, instance: int = 1) -> Path:
+        """The workers' config; ``instance`` > 1: another join process's, with its own state."""
+        state = self.workdir / ("state" if instance == 1 else f"state-{instance}")
         tree = {
             "kafka": {"bootstrap_servers": self.kafka.bootstrap_servers, "profile": self.kafka.profile},
             "topics": self.topics.model_dump(),
-            "stores": {"state_dir": str(self.workdir / "state"), "snapshots": str(self.workdir / "snapshots")},
+            "stores": {"state_dir": str(state), "snapshots": str(self.workdir / "snapshots")},
             "join": {"sweep_interval_s": self.o.sweep_interval_s},
             "learn": {"emit_every_s": self.o.emit_every_s},
             "domains": domain_config(self.o.window_s),
         }
-        path = self.workdir / "banditstream.json"
+        path = self.workdir / ("banditstream.json" if instance == 1 else f"banditstream-{instance}.json")
         path.write_text(json.dumps(tree, indent=2))
         load_settings(path, env={})  # refuse a bad tree here, not in two worker logs
         return path
@@ -570,6 +588,9 @@ class Bench:
         config = self.write_config()
         for name in ("join", "learn"):
             self.workers.start(name, config, profile=self.profile_path(name))
+        for instance in range(2, o.join_workers + 1):
+            name = f"join-{instance}"
+            self.workers.start(name, self.write_config(instance), profile=self.profile_path(name), command="join")
         self.watch = PosteriorWatch(self.kafka, self.topics)
         self.watch.start()
         self.warm_up()
@@ -755,7 +776,10 @@ class Bench:
         pids = {**self.workers.pids(), "bench": os.getpid()}
         if self.stack_pid:
             pids["broker"] = self.stack_pid
-        return {"wall": time.monotonic(), **{name: _cpu_seconds(pid) for name, pid in pids.items()}}
+        used = {name: _cpu_seconds(pid) for name, pid in pids.items()}
+        for name in self.workers.joins()[1:]:  # the join's CPU is all its processes'
+            used["join"] += used.pop(name)
+        return {"wall": time.monotonic(), **used}
 
     def cpu_used(self, before: dict[str, float], pairs: int) -> dict[str, float]:
         after = self.cpu_now()
@@ -763,7 +787,7 @@ class Bench:
 
     def counts(self) -> Counts:
         """The workers' Prometheus counters that say what a phase did and where time went."""
-        join, learn = self.workers.scrape("join"), self.workers.scrape("learn")
+        join, learn = self.workers.scrape_joins(), self.workers.scrape("learn")
         values = {f"joins_{_label(k, 'status')}": v for k, v in join.get("banditstream_joins_total", {}).items()}
         for worker, samples in (("join", join), ("learn", learn)):
             for k, v in samples.get("banditstream_dead_letters_total", {}).items():
@@ -784,7 +808,7 @@ class Bench:
     ) -> tuple[Table, dict[str, float]]:
         """One look at the run: the progress line, and the point it adds to the progress plot
         (counts since ``before``, the point taken when the phase started)."""
-        join = self.workers.scrape("join")
+        join = self.workers.scrape_joins()
         read = {_label(k, "topic"): v for k, v in join.get("banditstream_records_in_total", {}).items()}
         point = {
             "t": max(0.0, time.time() - since),
@@ -987,7 +1011,7 @@ def run(options: BenchOptions, console: Console, out: Console) -> dict[str, Any]
         bench = Bench(options, workdir, kafka, console)
         bench.stack_pid = next((p.pid for p in info.processes if p.name == "tansu"), None)
         figures = bench.run()
-        figures.update(window_s=options.window_s, partitions=options.partitions, seed=options.seed)
+        figures.update(window_s=options.window_s, partitions=options.partitions, seed=options.seed, join_workers=options.join_workers)
         figures["cpu_us_per_pair"] = {phase: profile_note(used) for phase, used in bench.cpu.items()}
         figures["bottleneck"] = bottleneck(bench.cpu["throughput"])
         print_results(out, figures, bench.cpu)
@@ -1026,6 +1050,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pairs", type=int, help="decision/reward pairs of the throughput phase (default 100,000)")
     parser.add_argument("--window", type=float, default=1.0, help="reward window of every domain, seconds")
     parser.add_argument("--partitions", type=int, default=4)
+    parser.add_argument("--join-workers", type=int, default=BenchOptions.join_workers,
+                        help="join processes in the group (they split the partitions)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--offered-rate", type=float, default=BenchOptions.offered_rate, help="pairs/s the throughput phase offers")
     parser.add_argument("--latency-rate", type=float, default=0.0, help="offered pairs/s of the latency phase (0: auto)")
@@ -1038,7 +1064,7 @@ def main(argv: list[str] | None = None) -> int:
     overrides: dict[str, Any] = {
         "window_s": args.window, "partitions": args.partitions, "seed": args.seed,
         "latency_rate": args.latency_rate, "offered_rate": args.offered_rate, "plot": args.plot,
-        "workdir": args.workdir, "profile": args.profile,
+        "workdir": args.workdir, "profile": args.profile, "join_workers": args.join_workers,
     }  # fmt: skip
     if args.pairs:
         overrides["pairs"] = args.pairs
