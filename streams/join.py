@@ -4,18 +4,19 @@ A faust-streaming app: faust runs the consumer group, the partition assignment t
 the table's changelog co-partitioned with the sources, the changelog recovery, the RocksDB
 table (rocksdict driver, one database per partition) and the sweeper timer. The
 co-partitioned decisions and rewards topics (raw bytes: decoding and validation are ours,
-so every failure is ours to dead-letter) are handed over in batches straight from faust's
-fetch loop (:class:`_BatchingConsumer`), not through an agent's stream: faust's stream path
+so every failure is ours to dead-letter) are read by a librdkafka consumer assigned the
+partitions faust assigns (:mod:`streams._join_reader`: rewards in time order with their
+decisions) and handed over in batches, not through an agent's stream: faust's stream path
 costs two asyncio tasks and a dozen loop callbacks per record, which capped the join at
-about 3,000 decision/reward pairs/s on this 2-core machine. The state is driven by
-:mod:`streams._join_state`. Per batch:
+about 3,000 decision/reward pairs/s on this 2-core machine, and its aiokafka consumer about
+a fifth of the join's CPU more. The state is driven by :mod:`streams._join_state`. Per batch:
 
 1. decode (:class:`~streams.serde.AvroSerde`), validate (:class:`~streams.validation.Validator`);
    a record that fails goes to the dead-letter topic, the rest go on;
 2. decisions open a join entry (features encoded now, the normaliser updated after),
    rewards attach to it, wait for it, or are late / duplicate;
 3. the partition's clock advances (see :mod:`streams._join_state`: decision event time,
-   and the wall time up to which fetches found the partition read to its end, never past
+   and the wall time up to which the reader found the partition read to its end, never past
    what its rewards are read to) and every due entry is finalised: its UpdateEvent is built;
 4. **emit before marking done**: UpdateEvents and dead letters are produced and flushed,
    then the state changes - with the next source offset per topic - go to the table's
@@ -59,8 +60,8 @@ import os
 import signal
 import threading
 import time
-from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import faust
@@ -71,6 +72,7 @@ from faust.transport.drivers.aiokafka import Consumer as AIOKafkaConsumer
 from faust.transport.drivers.aiokafka import Transport as AIOKafkaTransport
 from faust.types import TP
 
+from streams._join_reader import RewardHold, SourceReader
 from streams._join_state import (
     FENCE_KEY,
     DeadLetter,
@@ -114,147 +116,6 @@ class _Worker(faust.Worker):
             super().install_signal_handlers()
 
 
-class RewardHold:
-    """Rewards wait here, undecoded, until their partition's decisions are read past their time.
-
-    A fetch hands the join up to a megabyte of one partition at a time, and a reward is a
-    fifth of a decision's size: when the join was behind, it read rewards seconds ahead of
-    their decisions, each opened an early-reward entry for its decision to find, and with a
-    big enough backlog those outgrew memory (written, read back). Handed over in time order,
-    a reward finds its decision waiting. A partition's rewards go as soon as its decisions
-    are read to their end (nothing to wait for), and when more than ``max_held`` wait the
-    partition is paused (:meth:`over`) so memory stays bounded.
-    """
-
-    def __init__(self, lead_ms: int, max_held: int) -> None:
-        self.lead_ms = lead_ms
-        self.max_held = max_held
-        self.held: dict[int, deque] = {}
-        #: Partition -> producer time (ms) of the newest decision read.
-        self.decisions_at: dict[int, int] = {}
-
-    def decision(self, partition: int, timestamp_ms: int) -> None:
-        if timestamp_ms > self.decisions_at.get(partition, -(1 << 62)):
-            self.decisions_at[partition] = timestamp_ms
-
-    def reward(self, partition: int, message: Any) -> None:
-        held = self.held.get(partition)
-        if held is None:
-            held = self.held[partition] = deque()
-        held.append(message)
-
-    def release(self, read_to_end: Callable[[int], bool]) -> list:
-        """The rewards to handle now, per partition in offset order: those stamped up to
-        ``lead_ms`` after the newest decision read, all of them once ``read_to_end(partition)``
-        says its decisions have nothing left."""
-        out: list = []
-        for partition, held in self.held.items():
-            if not held:
-                continue
-            if read_to_end(partition):
-                out.extend(held)
-                held.clear()
-                continue
-            limit = (self.decisions_at.get(partition, -(1 << 62)) + self.lead_ms) / 1000.0
-            while held and (held[0].timestamp or 0) <= limit:
-                out.append(held.popleft())
-        return out
-
-    def over(self) -> set[int]:
-        """Partitions with more than ``max_held`` rewards waiting (to pause)."""
-        return {partition for partition, held in self.held.items() if len(held) > self.max_held}
-
-    def count(self, partition: int) -> int:
-        held = self.held.get(partition)
-        return 0 if held is None else len(held)
-
-    def clear(self) -> None:
-        self.held.clear()
-        self.decisions_at.clear()
-
-
-class _BatchingConsumer(AIOKafkaConsumer):
-    """faust's aiokafka consumer, handing the join's source records over in batches.
-
-    faust's fetch loop (``Consumer._drain_messages``) awaits ``wait_first(callback(message),
-    ...)`` per record - two tasks per record - and the conductor and the stream add a dozen
-    loop callbacks more. Here records of the source topics are collected across fetches and
-    handed to the app's ``batch_sink`` (:meth:`JoinWorker.process`) once ``batch_max`` are
-    collected, ``batch_within_s`` passed since the first, or a fetch came back empty. Records
-    of other topics (the table's changelog during recovery) take faust's own path. Nothing of
-    the sources is acknowledged to faust, so faust never commits their offsets: where
-    reading resumes is the join state's business (:meth:`JoinWorker._commit_state_offsets`).
-    A rebalance drops what is collected; it is fetched again from the state's offsets.
-    Rewards are handed over in time order with the decisions (:class:`RewardHold`).
-    """
-
-    def _new_consumer_thread(self) -> _ConsumerThread:
-        return _ConsumerThread(self, loop=self.loop, beacon=self.beacon)
-
-    async def _drain_messages(self, fetcher: Any) -> None:  # pragma: no cover - faust's fetcher task
-        sink: _JoinApp = self.app  # type: ignore[assignment]
-        sources, batch_max, within = sink.batch_topics, sink.batch_max, sink.batch_within_s
-        callback, getmany = self.callback, self.getmany
-        set_read_offset = self._read_offset.__setitem__
-        stopped = self._stopped.is_set
-        fetcher_stopped = fetcher._stopped.is_set
-        hold: RewardHold = sink.reward_hold
-        decisions, rewards = sink.batch_decisions, sink.batch_rewards
-        paused: set[int] = set()
-        pending: list = []
-        first_at = 0.0
-        generation = held_generation = None
-        try:
-            while not (stopped() or fetcher_stopped()):
-                if self.app.consumer_generation_id != held_generation:  # assigned anew: as pending
-                    hold.clear()
-                    held_generation = self.app.consumer_generation_id
-                    if paused:
-                        self.resume_partitions([TP(rewards, p) for p in paused])
-                        paused.clear()
-                fetched = 0
-                async for tp, message in getmany(timeout=within):
-                    fetched += 1
-                    set_read_offset(tp, message.offset)
-                    topic = tp.topic
-                    if topic == rewards:
-                        hold.reward(tp.partition, message)
-                    elif topic in sources:
-                        if topic == decisions:
-                            hold.decision(tp.partition, int((message.timestamp or 0) * 1000))
-                        if not pending:
-                            first_at, generation = time.monotonic(), self.app.consumer_generation_id
-                        pending.append(message)
-                    else:
-                        await callback(message)
-                if self.app.consumer_generation_id == held_generation:
-                    released = hold.release(sink.decisions_read_to_end)
-                    if released:
-                        if not pending:
-                            first_at, generation = time.monotonic(), held_generation
-                        pending.extend(released)
-                    over = hold.over()
-                    if over:  # again each time: faust resumes partitions after a recovery
-                        self.pause_partitions([TP(rewards, p) for p in over])
-                        paused |= over
-                    resume = {p for p in paused if hold.count(p) <= hold.max_held // 2}
-                    if resume:
-                        self.resume_partitions([TP(rewards, p) for p in resume])
-                        paused -= resume
-                await self.sleep(0)
-                if pending and self.app.consumer_generation_id != generation:
-                    pending = []  # assigned anew: read again from the state's offsets
-                if pending and (len(pending) >= batch_max or not fetched or time.monotonic() - first_at >= within):
-                    batch, pending = pending, []
-                    await sink.batch_sink(batch)
-        except self.consumer_stopped_errors:
-            if not self.transport.app.should_stop:
-                raise
-        except asyncio.CancelledError:
-            if not self.transport.app.should_stop:
-                raise
-
-
 class _ConsumerThread(AIOKafkaConsumerThread):
     """faust's consumer thread, with the broker profile's fetch wait.
 
@@ -272,27 +133,57 @@ class _ConsumerThread(AIOKafkaConsumerThread):
         return consumer
 
 
+class _BatchingConsumer(AIOKafkaConsumer):
+    """faust's aiokafka consumer, for everything but the join's sources.
+
+    The source topics are subscribed through faust (so its assignor co-partitions the table's
+    changelog with them) but read by the :class:`~streams._join_reader.SourceReader`; faust's
+    consumer is paused on them after each assignment, and whatever it fetched of them
+    before is dropped here. Nothing of the sources is acknowledged to faust, so faust never
+    commits their offsets: where reading resumes is the join state's business
+    (:meth:`JoinWorker._commit_state_offsets`). Records of other topics (the table's
+    changelog during recovery) take faust's own path.
+    """
+
+    def _new_consumer_thread(self) -> _ConsumerThread:
+        return _ConsumerThread(self, loop=self.loop, beacon=self.beacon)
+
+    async def _drain_messages(self, fetcher: Any) -> None:  # pragma: no cover - faust's fetcher task
+        sources = self.app.batch_topics  # type: ignore[attr-defined]
+        callback, getmany = self.callback, self.getmany
+        set_read_offset = self._read_offset.__setitem__
+        stopped = self._stopped.is_set
+        fetcher_stopped = fetcher._stopped.is_set
+        try:
+            while not (stopped() or fetcher_stopped()):
+                async for tp, message in getmany(timeout=1.0):
+                    set_read_offset(tp, message.offset)
+                    if tp.topic not in sources:
+                        await callback(message)
+                await self.sleep(0)
+        except self.consumer_stopped_errors:
+            if not self.transport.app.should_stop:
+                raise
+        except asyncio.CancelledError:
+            if not self.transport.app.should_stop:
+                raise
+
+
 class _Transport(AIOKafkaTransport):
     Consumer = _BatchingConsumer
 
 
 class _JoinApp(faust.App):
-    """A faust app whose consumer hands the source topics to ``batch_sink`` in batches."""
+    """A faust app that runs the group for topics it does not read itself (the sources)."""
 
-    batch_max = 4000
-    batch_within_s = 0.2
     #: The broker profile's fetch wait for the consumer (:class:`_ConsumerThread`), ms.
     fetch_max_wait_ms: int | None = None
 
-    def consume_in_batches(self, topic: faust.TopicT, sink, *, decisions: str, rewards: str,
-                           read_to_end: Callable[[int], bool], hold: RewardHold) -> None:
-        """Subscribe to ``topic`` (through the conductor, so the assignor co-partitions the
-        tables with it) and hand its records to ``sink`` in batches, ``rewards`` in time
-        order with ``decisions`` (``read_to_end(partition)``: its decisions have nothing left)."""
-        self.batch_source, self.batch_sink = topic, sink
+    def subscribe_unread(self, topic: faust.TopicT) -> None:
+        """Subscribe to ``topic`` through the conductor, so the assignor co-partitions the
+        tables with it, without reading it (see :class:`_BatchingConsumer`)."""
+        self.batch_source = topic
         self.batch_topics = frozenset(topic.topics)
-        self.batch_decisions, self.batch_rewards = decisions, rewards
-        self.decisions_read_to_end, self.reward_hold = read_to_end, hold
 
     async def on_start(self) -> None:
         # Here, not when the app is built: the conductor is a service of the worker's loop.
@@ -325,6 +216,14 @@ class JoinWorker:
         self.deadletters = DeadLetters(
             self.producer, config.topics.deadletter, worker="join", on_dead_letter=self.metrics.dead_letter
         )
+        reader_config = config.kafka.consumer_config(f"banditstream-join.{config.topics.decisions}.reader")
+        self.reader = SourceReader(
+            reader_config, config.topics.decisions, config.topics.rewards,
+            hold=RewardHold(int(self.options.reward_lead_s * 1000), self.options.rewards_held_max),
+            fetch_wait_ms=int(reader_config.get("fetch.wait.max.ms", 500)),  # librdkafka's default
+            batch_max=self.options.batch_max,
+        )  # fmt: skip
+        self._reading = ThreadPoolExecutor(1, thread_name_prefix="join-reader")
         self.parts: dict[int, PartitionState] = {}
         self.positions: dict[tuple[str, int], int] = {}
         self._lock = asyncio.Lock()
@@ -362,20 +261,15 @@ class JoinWorker:
             extra_topic_configs={"cleanup.policy": "compact,delete", "retention.ms": retention_ms},
         )
         source = app.topic(config.topics.decisions, config.topics.rewards, key_serializer="raw", value_serializer="raw")
-        app.batch_max, app.batch_within_s = options.batch_max, options.batch_within_s
+        app.subscribe_unread(source)
         app.fetch_max_wait_ms = self.profile.fetch_max_wait_ms
 
-        async def join(messages: list) -> None:
+        @app.task
+        async def read():
             try:
-                await self.process(messages)
+                await self._read_sources()
             except Exception as exc:
                 self._fail_stop(exc)
-
-        app.consume_in_batches(
-            source, join, decisions=config.topics.decisions, rewards=config.topics.rewards,
-            read_to_end=self._decisions_read_to_end,
-            hold=RewardHold(int(options.reward_lead_s * 1000), options.rewards_held_max),
-        )
 
         @app.timer(options.sweep_interval_s, name="join-sweeper")
         async def sweeper():
@@ -391,6 +285,7 @@ class JoinWorker:
         async def recovered():  # before faust seeks the source partitions to committed offsets
             async with self._lock:
                 self._load_assigned()
+                self._assign_reader()
                 offsets = await self._commit_state_offsets()
                 # Everything faust and the state hold by now lives as long as the worker: out
                 # of the collector's sight (see run() for the collector itself).
@@ -405,6 +300,7 @@ class JoinWorker:
                     if tp.topic in (config.topics.decisions, config.topics.rewards):
                         self.parts.pop(tp.partition, None)
                         self.positions.pop((tp.topic, tp.partition), None)
+                self._assign_reader()
 
         return app
 
@@ -439,6 +335,8 @@ class JoinWorker:
             if exc.code not in (0, None):
                 raise
         finally:
+            self.reader.close()
+            self._reading.shutdown(wait=False)
             self.producer.flush()
             self.changelog_producer.flush(10)
             self.metrics.close()
@@ -467,6 +365,38 @@ class JoinWorker:
             part = self.parts[partition] = PartitionState(partition, db, self.core.domains, self.options.entry_cache)
         return part
 
+    def _assign_reader(self) -> None:
+        """Read the sources of the partitions held now, from where their state resumes.
+
+        faust's own consumer is paused on them (it would fetch them again after each
+        assignment; what it fetched is dropped, see :class:`_BatchingConsumer`)."""
+        sources = (self.topics.decisions, self.topics.rewards)
+        self.reader.assign({(topic, p): part.position.get(topic) for p, part in self.parts.items() for topic in sources})
+        try:
+            consumer = self.app.consumer._thread._ensure_consumer()  # the aiokafka consumer
+            consumer.pause(*[tp for tp in consumer.assignment() if tp.topic in sources])
+        except Exception as exc:  # not started or stopping: it fetches nothing then either
+            log.debug("join: faust's consumer not paused on the sources: %r", exc)
+
+    async def _read_sources(self) -> None:
+        """Hand the sources over in batches: once ``batch_max`` records are collected,
+        ``batch_within_s`` passed since the first, or a poll found nothing new."""
+        loop = asyncio.get_running_loop()
+        reader, within, batch_max = self.reader, self.options.batch_within_s, self.options.batch_max
+        pending: list = []
+        first_at, generation = 0.0, None
+        while not self.app.should_stop:
+            read_generation, records, fetched = await loop.run_in_executor(self._reading, reader.read, within)
+            if pending and read_generation != generation:
+                pending = []  # assigned anew meanwhile: read again from the state's offsets
+            if records and read_generation == reader.generation:
+                if not pending:
+                    first_at, generation = time.monotonic(), read_generation
+                pending.extend(records)
+            if pending and (len(pending) >= batch_max or not fetched or time.monotonic() - first_at >= within):
+                await self.process(pending, generation)
+                pending = []
+
     def _load_assigned(self) -> None:
         """Rebuild the index of every active changelog partition not loaded yet."""
         for tp in self.app.assignor.assigned_actives():
@@ -475,10 +405,13 @@ class JoinWorker:
 
     # -- the batch -----------------------------------------------------------------------
 
-    async def process(self, messages: list) -> None:
-        """Join one batch of source records (faust ``ConsumerMessage``s, in fetch order)."""
+    async def process(self, messages: list, generation: int | None = None) -> None:
+        """Join one batch of source records (librdkafka ``Message``s, in the order read), read
+        in the reader's assignment ``generation`` (dropped if it has changed since)."""
         async with self._lock:
-            assigned = self.app.consumer.assignment()
+            if generation is not None and generation != self.reader.generation:
+                return  # assigned anew while waiting: read again from the state's offsets
+            assigned = self.reader.assigned
             now = time.time() * 1000.0
             future = int(now + self.options.max_clock_skew_s * 1000)
             out = Outputs()
@@ -494,9 +427,9 @@ class JoinWorker:
             replayed = Outputs()
             accepted: list[tuple[PartitionState, bool, Any, Outputs]] = []
             for message in messages:
-                if message.tp not in assigned:  # revoked while the batch was collected
+                topic, partition, offset = message.topic(), message.partition(), message.offset()
+                if (topic, partition) not in assigned:  # revoked while the batch was collected
                     continue
-                topic, partition, offset = message.topic, message.partition, message.offset
                 counts[topic] = counts.get(topic, 0) + 1
                 part = self._part(partition)
                 if not self._in_sequence(part, topic, offset):
@@ -506,17 +439,17 @@ class JoinWorker:
                 part.handled(topic, offset)
                 is_decision = topic == decisions
                 if not is_decision:
-                    stamp = int(message.timestamp * 1000)
+                    stamp = message.timestamp()[1]
                     if stamp > part.rewards_read:
                         part.rewards_read = stamp
                 accepted.append((part, is_decision, message, sink))
             # Decoded per topic in one call each (the C reader's batch path), then in order.
-            decoded_decisions = iter(self.decision_serde.decode_batch([m.value or b"" for _, d, m, _ in accepted if d]))
-            decoded_rewards = iter(self.reward_serde.decode_batch([m.value or b"" for _, d, m, _ in accepted if not d]))
+            decoded_decisions = iter(self.decision_serde.decode_batch([m.value() or b"" for _, d, m, _ in accepted if d]))
+            decoded_rewards = iter(self.reward_serde.decode_batch([m.value() or b"" for _, d, m, _ in accepted if not d]))
             handled: list[tuple[PartitionState, bool, dict, DeadLetter, Outputs]] = []
             for part, is_decision, message, sink in accepted:
-                raw = message.value
-                source = DeadLetter(message.topic, message.partition, message.offset, message.key, raw)
+                raw = message.value()
+                source = DeadLetter(message.topic(), message.partition(), message.offset(), message.key(), raw)
                 size = len(raw) if raw is not None else 0
                 try:
                     record = next(decoded_decisions if is_decision else decoded_rewards)
@@ -575,12 +508,10 @@ class JoinWorker:
         return True
 
     async def _commit_state_offsets(self) -> dict[TP, int]:
-        """Commit the offsets the state needs next: on assignment, so faust's seek resumes
-        there, and from the sweeper, so the group's lag is visible to Kafka's tools.
-
-        faust commits only what its streams acknowledge, and the sources never pass through
-        one (:class:`_BatchingConsumer`). (With a stream, faust's offsets were seen *ahead*
-        of the state after a kill -9: records acknowledged, never in the state.)
+        """Commit the offsets the state resumes from to the group: on assignment and from the
+        sweeper, so the group's lag is visible to Kafka's tools. (The reader itself starts
+        from the state's offsets; faust commits only what its streams acknowledge, and the
+        sources never pass through one.)
         """
         consumer = self.app.consumer
         assigned = consumer.assignment()
@@ -657,9 +588,9 @@ class JoinWorker:
         ``(complete_at, cap)``: the time up to which the decisions partition is read to its
         end (None while it has records left), and the time up to which its rewards are
         (the producer time of the newest reward read, or later when the rewards partition is
-        read to its end). "Read to the end as of time F": the consumer handled everything up
-        to the highwater that the fetch response at F carried (right on every broker, unlike
-        a queried end offset), less ``in_flight_margin_s`` for records still on their way.
+        read to its end). "Read to the end as of time F": everything that reached the broker
+        before F is handled (the reader knows it from fetch responses, right on every broker,
+        unlike a queried end offset), less ``in_flight_margin_s`` for records still on their way.
         """
         margin = int(self.options.in_flight_margin_s * 1000)
         clocks: dict[int, tuple[int | None, int]] = {}
@@ -671,44 +602,12 @@ class JoinWorker:
             clocks[partition] = (complete_at, cap)
         return clocks
 
-    def _decisions_read_to_end(self, partition: int) -> bool:
-        """Whether every decision of the partition the broker has was read (or it is not
-        known: then rewards are not held back)."""
-        tp = TP(self.topics.decisions, partition)
-        highwater, _ = self._fetch_state(tp)
-        if highwater is None:
-            return True
-        read = self.app.consumer._read_offset.get(tp)
-        part = self.parts.get(partition)
-        position = max(-1 if read is None else read + 1, (part.position.get(tp.topic, -1) if part else -1))
-        return position >= highwater
-
-    def _fetch_state(self, tp: TP) -> tuple[int | None, int | None]:
-        """(highwater, wall ms of the fetch response that carried it) from the consumer."""
-        try:
-            consumer = self.app.consumer._thread._ensure_consumer()  # the aiokafka consumer
-            return consumer.highwater(tp), consumer.last_poll_timestamp(tp)
-        except Exception:  # not assigned (any more), not fetched yet
-            return None, None
-
     async def _read_to_end(self, topic: str, partition: int) -> int | None:
         """The wall time (ms) up to which this partition is known handled to its end, or
-        None while records are left (or nothing is known yet).
-
-        Handled: up to the offset the partition's state stores (see :meth:`_in_sequence`), or
-        for a partition never handled, the group's committed offset.
-        """
-        tp = TP(topic, partition)
-        highwater, polled_at = self._fetch_state(tp)
-        if highwater is None or polled_at is None:
-            return None
+        None while records are left (or nothing is known yet); see
+        :meth:`~streams._join_reader.SourceReader.complete_at`."""
         part = self.parts.get(partition)
-        position = None if part is None else part.position.get(topic)
-        if position is None:  # nothing of it handled ever: from where the group starts
-            position = self.app.consumer._committed_offset.get(tp) or 0
-        if position < highwater:
-            return None
-        return int(polled_at)
+        return self.reader.complete_at(topic, partition, None if part is None else part.position.get(topic))
 
     # -- emitting and persisting ---------------------------------------------------------
 
@@ -785,13 +684,9 @@ class JoinWorker:
             metrics.late_rewards.inc(out.late_rewards)
 
     def _report_lag(self) -> None:
-        consumer = self.app.consumer
         for (topic, partition), position in list(self.positions.items()):
-            try:
-                highwater = consumer.highwater(TP(topic, partition))
-            except Exception:  # not fetched yet, or revoked meanwhile
-                continue
-            if highwater is not None and highwater >= 0:
+            highwater = self.reader.highwater(topic, partition)
+            if highwater is not None:
                 self.metrics.consumer_lag.labels(topic, str(partition)).set(max(0, highwater - position))
 
     def _fence_existing_changelog(self) -> None:
