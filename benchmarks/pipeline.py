@@ -51,24 +51,25 @@ Where the time goes: CPU seconds of each process (join, learner, broker, this be
 per phase from ``/proc``, as microseconds per pair; the process with the most is the
 bottleneck (``bottleneck``: what one core of it allows). ``--profile`` runs both workers
 under cProfile and prints their time by area and by function. Found on the 2-core machine
-(100,000 pairs; ~5,000 pairs/s end to end, the 10,000 target missed two-fold): the join is
-the bottleneck, one single-threaded process at ~155 us CPU per pair whose main thread is
-~85-90 % busy, while the learner needs ~25, the broker ~40 and the benchmark ~13, so about
-0.7 of a core stays idle. Sampled with py-spy, the join's main thread spends about a fifth
-of its time serialising state (pickling entries, RocksDB and changelog writes), an eighth
-on feature hashing, an eighth on decoding and validating, a tenth on firing deadlines and
-finalising, and most of the rest on faust's fetch path and on freeing each batch's records.
-Everything together costs ~230 us of CPU per pair, so 10,000 pairs/s would need more than
-two cores even with the join split over processes. The bare consumer reads the same
-messages from the same broker at ~400,000 pairs/s. The progress plot also shows the join reading the two topics
-unevenly when behind (rewards far ahead of decisions, decisions stalling for seconds), and
-nothing can be joined until decisions catch up.
+(100,000 pairs, the defaults; the VM's speed varies by a quarter between runs): two join
+processes reach ~11,000-12,000 pairs/s end to end, one ~9,000-10,000. The join needs ~80-100
+us CPU per pair, the learner ~20-25, the broker ~30-35 and the load generator ~10-12, so
+two cores allow ~14,000 at best. One join process keeps one core busy (its main thread at
+~90 %) while the other core is half idle; two share both. Sampled with py-spy, the join's
+main thread spends about a quarter of its time decoding, validating and freeing each
+batch's decisions, a tenth on feature hashing, a tenth on firing and finalising, and an
+eighth persisting state (one changelog record and RocksDB put per decision, when it
+finishes). What the join did before, and what it took: 5,000 pairs/s while faust's fetch
+waits (1.5 s, answered late by Tansu) stalled it and every decision's entry was written
+three times; 8,000 after those; 9,000-10,000 reading the sources with librdkafka. The bare
+consumer reads the same messages from the same broker at ~300,000-400,000 pairs/s.
 
 Run from the repository root::
 
     .venv/bin/python benchmarks/pipeline.py                 # 100,000 pairs, ~2 minutes
     .venv/bin/python benchmarks/pipeline.py --quick         # smoke run, 10,000 pairs
     .venv/bin/python benchmarks/pipeline.py --pairs 50000 --window 2 --partitions 8
+    .venv/bin/python benchmarks/pipeline.py --join-workers 1     # one join process
     .venv/bin/python benchmarks/pipeline.py --quick --profile
 
 Progress goes to stderr; the results table to stdout, and the last line of stdout is one
@@ -149,8 +150,10 @@ class BenchOptions:
     window_s: float = 1.0
     partitions: int = 4
     seed: int = 0
-    #: Join processes (one consumer group: the partitions are split between them).
-    join_workers: int = 1
+    #: Join processes (one consumer group: the partitions are split between them), as the
+    #: Helm chart deploys them: one join process keeps one core busy and leaves the other
+    #: half idle here (~9,000-10,000 pairs/s against ~11,000-12,000 with two).
+    join_workers: int = 2
     warmup_pairs: int = 600
     #: Offered rate of the latency phase, pairs/s; 0: the target, or 70 % of the measured
     #: throughput when that is lower.
@@ -867,7 +870,11 @@ def print_results(console: Console, figures: dict[str, Any], cpu: dict[str, dict
     f = figures
     ok = f["pairs_per_s"] >= TARGET_PAIRS_PER_S
     table = Table("figure", "value", title="banditstream pipeline (Tansu, local)")
-    table.add_row("pairs (decision + reward)", f"{f['pairs']:,}, window {f['window_s']:g} s, {f['partitions']} partitions")
+    table.add_row(
+        "pairs (decision + reward)",
+        f"{f['pairs']:,}, window {f['window_s']:g} s, {f['partitions']} partitions, "
+        f"{f['join_workers']} join process{'es' if f['join_workers'] > 1 else ''}",
+    )
     limited = f["pairs_per_s"] >= 0.9 * f["offered_pairs_per_s"]
     table.add_row(
         "end-to-end throughput",

@@ -24,12 +24,12 @@ a fifth of the join's CPU more. The state is driven by :mod:`streams._join_state
    changelog offset faust recovers from. A crash between the steps can duplicate an
    UpdateEvent (the learner dedupes by event_id), never lose one.
 
-Where reading resumes is the state's business, not faust's: on every assignment the
-offsets the state stores (``replay_from``: the oldest record whose effect the state holds
-in memory only) are committed before faust seeks to the committed offsets; records read
-again up to the newest one handled rebuild what was held, their outputs suppressed. (After kill -9, faust's own committed offsets
-were seen *ahead* of what the state held - records acknowledged by faust's stream but
-never joined - which lost decisions.)
+Where reading resumes is the state's business, not faust's: the reader starts each
+partition at the offsets the state stores (``replay_from``: the oldest record whose effect
+the state holds in memory only); records read again up to the newest one handled rebuild
+what was held, their outputs suppressed. (After kill -9, faust's own committed offsets were
+seen *ahead* of what the state held - records acknowledged by faust's stream but never
+joined - which lost decisions.)
 
 A faust timer sweeps every ``sweep_interval_s``: it advances every partition's clock, so
 default rewards fire when traffic stops, and every ``purge_interval_s`` purges old done
@@ -89,7 +89,7 @@ from streams.topics import check_topics
 from streams.validation import Validator
 from streams.worker import NORMALIZER_POLICY, WorkerConfig
 
-__all__ = ["JoinOptions", "JoinWorker", "RewardHold", "run_join"]
+__all__ = ["JoinOptions", "JoinWorker", "run_join"]
 
 log = logging.getLogger("banditstream.join")
 
@@ -282,7 +282,7 @@ class JoinWorker:
                 self._fail_stop(exc)
 
         @self.table.on_recover
-        async def recovered():  # before faust seeks the source partitions to committed offsets
+        async def recovered():  # after each assignment, once the tables are recovered
             async with self._lock:
                 self._load_assigned()
                 self._assign_reader()
@@ -490,13 +490,9 @@ class JoinWorker:
     def _in_sequence(self, part: PartitionState, topic: str, offset: int) -> bool:
         """Whether to handle this record: this session has not read it yet.
 
-        The state stores, with every write, per topic the offset reading must resume at (the
-        oldest record whose effect it holds in memory only, else the next one), and commits
-        those offsets to the group whenever partitions are assigned, before faust seeks to
-        the committed offsets (:meth:`_commit_state_offsets`): reading resumes exactly
-        there, whatever faust committed meanwhile. A record below the position is handled
-        already (fetched twice: skipped). One above it follows a hole in the log
-        (transaction markers, compaction): taken, and logged.
+        The reader starts each partition where the state resumes (:meth:`_assign_reader`).
+        A record below the position is handled already (read twice: skipped). One above it
+        follows a hole in the log (transaction markers, compaction): taken, and logged.
         """
         expected = part.position.get(topic)
         if expected is None or offset == expected:
