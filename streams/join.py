@@ -60,7 +60,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -178,6 +178,20 @@ class _JoinApp(faust.App):
 
     #: The broker profile's fetch wait for the consumer (:class:`_ConsumerThread`), ms.
     fetch_max_wait_ms: int | None = None
+    #: Awaited before faust revokes partitions (its tables let go of their databases then)
+    #: and before the app stops: the join finishes the batch in flight and lets go first.
+    before_revoke: Callable[[set[TP]], Awaitable[None]] | None = None
+    before_stop: Callable[[], Awaitable[None]] | None = None
+
+    async def _on_partitions_revoked(self, revoked: set[TP]) -> None:
+        if self.before_revoke is not None:
+            await self.before_revoke(revoked)
+        await super()._on_partitions_revoked(revoked)
+
+    async def on_stop(self) -> None:
+        if self.before_stop is not None:
+            await self.before_stop()
+        await super().on_stop()
 
     def subscribe_unread(self, topic: faust.TopicT) -> None:
         """Subscribe to ``topic`` through the conductor, so the assignor co-partitions the
@@ -227,6 +241,7 @@ class JoinWorker:
         self.parts: dict[int, PartitionState] = {}
         self.positions: dict[tuple[str, int], int] = {}
         self._lock = asyncio.Lock()
+        self._stopping = False  # the app is stopping: no batch or sweep may start
         self._stop: threading.Event | None = None
         self._next_purge = 0.0
         self.worker: _Worker | None = None
@@ -293,8 +308,7 @@ class JoinWorker:
                 gc.freeze()
                 log.info("join: resuming from the state's offsets (committed: %s)", sorted((tp.topic, tp.partition, o) for tp, o in offsets.items()))
 
-        @app.on_partitions_revoked.connect
-        async def revoked(sender: Any, revoked: set[TP], **kwargs: Any) -> None:
+        async def revoked(revoked: set[TP]) -> None:  # under the lock: never mid-batch
             async with self._lock:
                 for tp in revoked:
                     if tp.topic in (config.topics.decisions, config.topics.rewards):
@@ -302,6 +316,12 @@ class JoinWorker:
                         self.positions.pop((tp.topic, tp.partition), None)
                 self._assign_reader()
 
+        async def stopping() -> None:  # the batch in flight finishes; nothing joins after
+            async with self._lock:
+                self._stopping = True
+                self.reader.assign({})
+
+        app.before_revoke, app.before_stop = revoked, stopping
         return app
 
     @property
@@ -335,8 +355,8 @@ class JoinWorker:
             if exc.code not in (0, None):
                 raise
         finally:
+            self._reading.shutdown(wait=True)  # a poll in progress ends within batch_within_s
             self.reader.close()
-            self._reading.shutdown(wait=False)
             self.producer.flush()
             self.changelog_producer.flush(10)
             self.metrics.close()
@@ -385,7 +405,7 @@ class JoinWorker:
         reader, within, batch_max = self.reader, self.options.batch_within_s, self.options.batch_max
         pending: list = []
         first_at, generation = 0.0, None
-        while not self.app.should_stop:
+        while not (self.app.should_stop or self._stopping):
             read_generation, records, fetched = await loop.run_in_executor(self._reading, reader.read, within)
             if pending and read_generation != generation:
                 pending = []  # assigned anew meanwhile: read again from the state's offsets
@@ -409,8 +429,8 @@ class JoinWorker:
         """Join one batch of source records (librdkafka ``Message``s, in the order read), read
         in the reader's assignment ``generation`` (dropped if it has changed since)."""
         async with self._lock:
-            if generation is not None and generation != self.reader.generation:
-                return  # assigned anew while waiting: read again from the state's offsets
+            if self._stopping or (generation is not None and generation != self.reader.generation):
+                return  # stopping, or assigned anew while waiting: read again from the state's offsets
             assigned = self.reader.assigned
             now = time.time() * 1000.0
             future = int(now + self.options.max_clock_skew_s * 1000)
@@ -527,6 +547,8 @@ class JoinWorker:
 
     async def sweep(self) -> None:
         async with self._lock:
+            if self._stopping:
+                return
             now = time.time() * 1000.0
             out = Outputs()
             clocks = await self._clocks()
