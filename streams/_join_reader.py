@@ -117,6 +117,8 @@ class SourceReader:
     def assign(self, starts: dict[tuple[str, int], int | None]) -> None:
         """Read exactly these partitions, each from its offset (None: the earliest)."""
         with self._lock:
+            if self._paused:  # a partition must not stay paused across assignments
+                self.consumer.resume(self._tps(self._paused))
             self.consumer.assign([TopicPartition(t, p, OFFSET_BEGINNING if o is None else o) for (t, p), o in sorted(starts.items())])
             self.assigned = set(starts)
             self.hold.clear()

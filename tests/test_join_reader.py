@@ -1,0 +1,114 @@
+"""SourceReader against the real broker: the join's sources, read by librdkafka in time order."""
+
+from __future__ import annotations
+
+import time
+
+from confluent_kafka import KafkaError, Producer
+
+from streams._join_reader import RewardHold, SourceReader
+from streams.topics import ensure_topics
+
+
+def _reader(kafka, topics, **hold) -> SourceReader:
+    return SourceReader(
+        kafka.consumer_config(f"reader-{topics.decisions}"), topics.decisions, topics.rewards,
+        hold=RewardHold(hold.get("lead_ms", 0), hold.get("max_held", 1000)), fetch_wait_ms=100, batch_max=1000,
+    )  # fmt: skip
+
+
+def _read_all(reader: SourceReader, n: int, timeout_s: float = 30.0) -> list:
+    out: list = []
+    deadline = time.monotonic() + timeout_s
+    while len(out) < n:
+        assert time.monotonic() < deadline, f"read {len(out)} of {n}"
+        out.extend(reader.read(0.2)[1])
+    return out
+
+
+def test_rewards_come_after_the_decisions_stamped_before_them_and_the_end_is_known(kafka, topics):
+    ensure_topics(kafka, topics)
+    producer = Producer(kafka.producer_config())
+    base = int(time.time() * 1000) - 60_000
+    for i in range(10):  # every reward on the broker before any decision
+        producer.produce(topics.rewards, f"r{i}".encode(), partition=0, timestamp=base + 1000 * i + 500)
+    producer.flush(10)
+    for i in range(10):
+        producer.produce(topics.decisions, f"d{i}".encode(), partition=0, timestamp=base + 1000 * i)
+    producer.flush(10)
+
+    reader = _reader(kafka, topics)
+    try:
+        reader.assign({(topics.decisions, 0): None, (topics.rewards, 0): None})
+        got = [m.value().decode() for m in _read_all(reader, 20)]
+        assert sorted(got) == sorted([f"d{i}" for i in range(10)] + [f"r{i}" for i in range(10)])
+        for i in range(9):  # reward i is stamped after decision i: never handed over before it
+            assert got.index(f"r{i}") > got.index(f"d{i}"), got
+        assert [g for g in got if g[0] == "d"] == [f"d{i}" for i in range(10)]  # offset order kept
+        assert [g for g in got if g[0] == "r"] == [f"r{i}" for i in range(10)]
+
+        deadline = time.monotonic() + 10
+        while reader.complete_at(topics.decisions, 0, 10) is None:  # every decision handled
+            assert time.monotonic() < deadline, "the decisions' end was never reported"
+            reader.read(0.2)
+        now = time.time() * 1000
+        assert now - 2000 < reader.complete_at(topics.decisions, 0, 10) <= now
+        assert reader.complete_at(topics.decisions, 0, 9) is None  # one still to handle
+        assert reader.highwater(topics.decisions, 0) == 10
+
+        reader.assign({(topics.decisions, 0): 7, (topics.rewards, 0): 8})  # from the state's offsets
+        assert reader.complete_at(topics.decisions, 0, 10) is None  # known again only once read
+        again = [m.value().decode() for m in _read_all(reader, 5)]
+        assert sorted(again) == ["d7", "d8", "d9", "r8", "r9"]
+    finally:
+        reader.close()
+
+
+class _Message:
+    """What SourceReader reads of a librdkafka Message (or of an end-of-partition event)."""
+
+    def __init__(self, topic: str, partition: int, offset: int, timestamp: int = 0, eof: bool = False):
+        self._topic, self._partition, self._offset, self._timestamp = topic, partition, offset, timestamp
+        self._error = KafkaError(KafkaError._PARTITION_EOF) if eof else None
+
+    def error(self):
+        return self._error
+
+    def topic(self) -> str:
+        return self._topic
+
+    def partition(self) -> int:
+        return self._partition
+
+    def offset(self) -> int:
+        return self._offset
+
+    def timestamp(self) -> tuple[int, int]:
+        return (1, self._timestamp)
+
+
+def test_rewards_wait_while_their_decisions_lag_and_too_many_pause_their_partition(kafka, topics):
+    """Rewards stamped after every decision read stay held; past ``max_held`` the rewards
+    partition is paused; once the decisions are read to their end every reward goes, in
+    offset order, and the partition resumes. (A backlog cannot be held still on a live
+    broker, so the records are handed to the reader's intake directly.)"""
+    ensure_topics(kafka, topics)
+    reader = _reader(kafka, topics, max_held=10)
+    try:
+        reader.assign({(topics.decisions, 1): None, (topics.rewards, 1): None})
+        base = 1_800_000_000_000
+        batch = [_Message(topics.decisions, 1, 0, base)]
+        batch += [_Message(topics.rewards, 1, i, base + 30_000 + i) for i in range(50)]
+        out = reader._take(batch, time.time() * 1000)
+        assert [(m.topic(), m.offset()) for m in out] == [(topics.decisions, 0)]
+        assert reader.hold.count(1) == 50 and reader._paused == {1}
+
+        out = reader._take([_Message(topics.decisions, 1, 1, base + 30_020)], time.time() * 1000)
+        assert [m.offset() for m in out] == [1] + list(range(21))  # up to the newest decision's time
+        assert reader._paused == {1}  # 29 still wait: above half of max_held
+
+        out = reader._take([_Message(topics.decisions, 1, 2, eof=True)], time.time() * 1000)
+        assert [m.offset() for m in out] == list(range(21, 50))  # the decisions' end: all the rest
+        assert reader.hold.count(1) == 0 and reader._paused == set()
+    finally:
+        reader.close()
