@@ -31,8 +31,8 @@ what was held, their outputs suppressed. (After kill -9, faust's own committed o
 seen *ahead* of what the state held - records acknowledged by faust's stream but never
 joined - which lost decisions.)
 
-A faust timer sweeps every ``sweep_interval_s``: it advances every partition's clock, so
-default rewards fire when traffic stops, and every ``purge_interval_s`` purges old done
+A faust timer sweeps every ``sweep_interval_s``: when no batch came for that long it
+advances every partition's clock, so default rewards fire when traffic stops, and every ``purge_interval_s`` purges old done
 markers. A batch that cannot be emitted or persisted stops the process at once
 (exit 70) before faust can commit it; a restart replays it.
 
@@ -255,6 +255,7 @@ class JoinWorker:
         self._stop: threading.Event | None = None
         self._next_purge = 0.0
         self._next_lag_report = 0.0
+        self._last_batch_at = 0.0  # monotonic time the last batch was joined
         self.worker: _Worker | None = None
         self.app = self._build_app()
 
@@ -521,6 +522,7 @@ class JoinWorker:
                 core.fire(part, now, out, max_ts.get(partition), *clocks.get(partition, (None, part.rewards_read)))
             self.metrics.batch_size.labels("join").observe(len(messages))
             await asyncio.shield(self._commit(out, self.parts.values()))
+            self._last_batch_at = time.monotonic()
 
     def _in_sequence(self, part: PartitionState, topic: str, offset: int) -> bool:
         """Whether to handle this record: this session has not read it yet.
@@ -565,14 +567,17 @@ class JoinWorker:
             if self._stopping:
                 return
             now = time.time() * 1000.0
-            out = Outputs()
-            clocks = await self._clocks()
-            for partition, part in self.parts.items():
-                self.core.fire(part, now, out, None, *clocks.get(partition, (None, part.rewards_read)))
-            await asyncio.shield(self._commit(out, self.parts.values()))
+            clocks = None
+            if time.monotonic() - self._last_batch_at >= self.options.sweep_interval_s:
+                # (a batch fires on the same clocks: this matters when none comes)
+                out = Outputs()
+                clocks = await self._clocks()
+                for partition, part in self.parts.items():
+                    self.core.fire(part, now, out, None, *clocks.get(partition, (None, part.rewards_read)))
+                await asyncio.shield(self._commit(out, self.parts.values()))
             if time.monotonic() >= self._next_purge:
                 self._next_purge = time.monotonic() + self.options.purge_interval_s
-                self._log_status(clocks)
+                self._log_status(clocks if clocks is not None else await self._clocks())
                 retention_ms = self.options.done_retention_s * 1000.0
                 for part in self.parts.values():
                     part.purge_done(now, retention_ms, self.options.purge_scan)
