@@ -52,7 +52,8 @@ per phase from ``/proc``, as microseconds per pair; the process with the most is
 bottleneck (``bottleneck``: what one core of it allows). ``--profile`` runs both workers
 under cProfile and prints their time by area and by function. Found on the 2-core machine
 (100,000 pairs, the defaults; the VM's speed varies by a quarter between runs): two join
-processes reach ~11,000-12,000 pairs/s end to end, one ~9,000-10,000. The join needs ~80-100
+processes reach ~10,500-12,000 pairs/s end to end (8,200-9,800 in the VM's slowest states),
+one ~9,000-10,000. The join needs ~80-100
 us CPU per pair, the learner ~20-25, the broker ~30-35 and the load generator ~10-12, so
 two cores allow ~14,000 at best. One join process keeps one core busy (its main thread at
 ~90 %) while the other core is half idle; two share both. Sampled with py-spy, the join's
@@ -152,7 +153,7 @@ class BenchOptions:
     seed: int = 0
     #: Join processes (one consumer group: the partitions are split between them), as the
     #: Helm chart deploys them: one join process keeps one core busy and leaves the other
-    #: half idle here (~9,000-10,000 pairs/s against ~11,000-12,000 with two).
+    #: half idle here (~9,000-10,000 pairs/s against ~10,500-12,000 with two).
     join_workers: int = 2
     warmup_pairs: int = 600
     #: Offered rate of the latency phase, pairs/s; 0: the target, or 70 % of the measured
