@@ -12,6 +12,7 @@ fifth of the join's CPU. librdkafka parses in its own threads, in C.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import deque
@@ -21,6 +22,8 @@ from typing import Any
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
 
 _EOF = KafkaError._PARTITION_EOF
+
+log = logging.getLogger("banditstream.join")
 
 
 class RewardHold:
@@ -113,6 +116,7 @@ class SourceReader:
         self.generation = 0
         self._paused: set[int] = set()
         self._lock = threading.Lock()  # assign() on the event loop, read() on the reading thread
+        self._next_warning = 0.0
 
     def assign(self, starts: dict[tuple[str, int], int | None]) -> None:
         """Read exactly these partitions, each from its offset (None: the earliest)."""
@@ -147,8 +151,12 @@ class SourceReader:
             if error is not None:
                 if error.code() == _EOF:
                     at_end[(topic, partition)] = message.offset()
-                    continue
-                raise RuntimeError(f"reading {topic}/{partition}: {error}")
+                elif error.fatal():
+                    raise RuntimeError(f"reading {topic}/{partition}: {error}")
+                elif time.monotonic() >= self._next_warning:  # librdkafka retries by itself
+                    self._next_warning = time.monotonic() + 10.0
+                    log.warning("join: reading %s/%s: %s (retrying)", topic, partition, error)
+                continue
             if at_end:
                 at_end.pop((topic, partition), None)
             if topic == rewards:

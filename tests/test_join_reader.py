@@ -112,3 +112,17 @@ def test_rewards_wait_while_their_decisions_lag_and_too_many_pause_their_partiti
         assert reader.hold.count(1) == 0 and reader._paused == set()
     finally:
         reader.close()
+
+
+def test_a_transient_read_error_is_logged_and_reading_goes_on(kafka, topics, caplog):
+    ensure_topics(kafka, topics)
+    reader = _reader(kafka, topics)
+    try:
+        reader.assign({(topics.decisions, 0): None, (topics.rewards, 0): None})
+        transient = _Message(topics.decisions, 0, 0)
+        transient._error = KafkaError(KafkaError._TRANSPORT)
+        out = reader._take([transient, _Message(topics.decisions, 0, 0, 1)], time.time() * 1000)
+        assert [m.offset() for m in out] == [0]
+        assert "retrying" in caplog.text
+    finally:
+        reader.close()
