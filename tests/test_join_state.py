@@ -31,6 +31,14 @@ T0 = 1_800_000_000_000
 WINDOW_MS = 2000  # every test domain's window
 
 
+def join_core() -> JoinCore:
+    return JoinCore(Settings.model_validate({"domains": DOMAINS}).worker_config().domains, JoinOptions())
+
+
+def open_db(path) -> Rdict:
+    return Rdict(str(path), options=Options(raw_mode=True))
+
+
 def traffic(seed: int = 3, n: int = 600) -> list[tuple[int, str, dict]]:
     """(read time, topic, event) in read order: rewards in and after the window, early rewards
     (before their decision), stragglers (stamped in the window, read after it), duplicates
@@ -68,9 +76,7 @@ def replay(tmp_path, entry_cache: int, *, restart_at: int | None = None, tag: st
     ``restart_at``: before that batch a new worker starts from the database alone, and, as
     the worker's consumer does, reads each topic again from where the state says to resume
     (``resume``): the records it had handled are replays, whose outputs are suppressed."""
-    domains = Settings.model_validate({"domains": DOMAINS}).worker_config().domains
-    core = JoinCore(domains, JoinOptions())
-    db = Rdict(str(tmp_path / f"db-{entry_cache}-{restart_at}{tag}"), options=Options(raw_mode=True))
+    core, db = join_core(), open_db(tmp_path / f"db-{entry_cache}-{restart_at}{tag}")
     part = PartitionState(0, db, core.domains, entry_cache)
     produced, writes = [], Counter()
     numbered, next_offset = [], {"decisions": 0, "rewards": 0}
@@ -181,9 +187,7 @@ def test_a_restart_replays_what_was_held_and_outputs_each_thing_once(tmp_path, e
 
 
 def test_held_entries_move_the_resume_point_back_and_finishing_them_forward(tmp_path):
-    domains = Settings.model_validate({"domains": DOMAINS}).worker_config().domains
-    core = JoinCore(domains, JoinOptions())
-    db = Rdict(str(tmp_path / "db"), options=Options(raw_mode=True))
+    core, db = join_core(), open_db(tmp_path / "db")
     part = PartitionState(0, db, core.domains, 100)
     rng = random.Random(1)
     events = [("decisions", decision(f"ev-{i}", "ranker", rng, T0 + i)) for i in range(3)]
@@ -217,9 +221,7 @@ def test_an_entry_written_before_the_update_was_pickled_apart_still_loads():
 
 
 def test_early_rewards_that_gave_up_are_remembered_so_a_replay_does_not_dead_letter_them_again(tmp_path):
-    domains = Settings.model_validate({"domains": DOMAINS}).worker_config().domains
-    core = JoinCore(domains, JoinOptions())
-    db = Rdict(str(tmp_path / "db"), options=Options(raw_mode=True))
+    core, db = join_core(), open_db(tmp_path / "db")
     part = PartitionState(0, db, core.domains, 100)
     rng = random.Random(2)
     early = reward("ev-1", "ev-1-r", "prompts", rng, T0)
