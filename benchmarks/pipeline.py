@@ -53,9 +53,9 @@ bottleneck (``bottleneck``: what one core of it allows). ``--profile`` runs both
 under cProfile and prints their time by area and by function. Found on the 2-core machine
 (100,000 pairs, the defaults; the VM's speed varies by a quarter between runs): two join
 processes reach ~10,500-12,000 pairs/s end to end (8,200-9,800 in the VM's slowest states),
-one ~9,000-10,000. The join needs ~80-100
-us CPU per pair, the learner ~20-25, the broker ~30-35 and the load generator ~10-12, so
-two cores allow ~14,000 at best. One join process keeps one core busy (its main thread at
+one ~9,000-10,000. The join needs ~80-110 us CPU per pair as one process, ~100-130 as two
+(each also applies the other's changelog as a standby replica), the learner ~20-25, the
+broker ~30-35 and the load generator ~10-12. One join process keeps one core busy (its main thread at
 ~90 %) while the other core is half idle; two share both. Sampled with py-spy, the join's
 main thread spends about a quarter of its time decoding, validating and freeing each
 batch's decisions, a tenth on feature hashing, a tenth on firing and finalising, and an
@@ -1078,6 +1078,8 @@ def main(argv: list[str] | None = None) -> int:
         overrides["pairs"] = args.pairs
     if args.latency_seconds:
         overrides["latency_seconds"] = args.latency_seconds
+    if args.join_workers < 1:
+        parser.error(f"--join-workers must be at least 1, got {args.join_workers}")
     options = BenchOptions.quick(**overrides) if args.quick else BenchOptions(**overrides)
     console = Console(stderr=True)
     try:
