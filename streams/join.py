@@ -143,7 +143,7 @@ class _ConsumerThread(AIOKafkaConsumerThread):
         return consumer
 
 
-class _BatchingConsumer(AIOKafkaConsumer):
+class _UnreadSourcesConsumer(AIOKafkaConsumer):
     """faust's aiokafka consumer, for everything but the join's sources.
 
     The source topics are subscribed through faust (so its assignor co-partitions the table's
@@ -159,7 +159,7 @@ class _BatchingConsumer(AIOKafkaConsumer):
         return _ConsumerThread(self, loop=self.loop, beacon=self.beacon)
 
     async def _drain_messages(self, fetcher: Any) -> None:  # pragma: no cover - faust's fetcher task
-        sources = self.app.batch_topics  # type: ignore[attr-defined]
+        sources = self.app.unread_topics  # type: ignore[attr-defined]
         callback, getmany = self.callback, self.getmany
         set_read_offset = self._read_offset.__setitem__
         stopped = self._stopped.is_set
@@ -180,7 +180,7 @@ class _BatchingConsumer(AIOKafkaConsumer):
 
 
 class _Transport(AIOKafkaTransport):
-    Consumer = _BatchingConsumer
+    Consumer = _UnreadSourcesConsumer
 
 
 class _JoinApp(faust.App):
@@ -205,13 +205,13 @@ class _JoinApp(faust.App):
 
     def subscribe_unread(self, topic: faust.TopicT) -> None:
         """Subscribe to ``topic`` through the conductor, so the assignor co-partitions the
-        tables with it, without reading it (see :class:`_BatchingConsumer`)."""
-        self.batch_source = topic
-        self.batch_topics = frozenset(topic.topics)
+        tables with it, without reading it (see :class:`_UnreadSourcesConsumer`)."""
+        self.unread_source = topic
+        self.unread_topics = frozenset(topic.topics)
 
     async def on_start(self) -> None:
         # Here, not when the app is built: the conductor is a service of the worker's loop.
-        self.topics.add(self.batch_source)
+        self.topics.add(self.unread_source)
         await super().on_start()
 
     def _new_transport(self) -> _Transport:
@@ -249,7 +249,6 @@ class JoinWorker:
         )  # fmt: skip
         self._reading = ThreadPoolExecutor(1, thread_name_prefix="join-reader")
         self.parts: dict[int, PartitionState] = {}
-        self.positions: dict[tuple[str, int], int] = {}
         self._lock = asyncio.Lock()
         self._stopping = False  # the app is stopping: no batch or sweep may start
         self._stop: threading.Event | None = None
@@ -325,7 +324,6 @@ class JoinWorker:
                 for tp in revoked:
                     if tp.topic in (config.topics.decisions, config.topics.rewards):
                         self.parts.pop(tp.partition, None)
-                        self.positions.pop((tp.topic, tp.partition), None)
                 self._assign_reader()
 
         async def stopping() -> None:  # the batch in flight finishes; nothing joins after
@@ -405,7 +403,7 @@ class JoinWorker:
         """Read the sources of the partitions held now, from where their state resumes.
 
         faust's own consumer is paused on them (it would fetch them again after each
-        assignment; what it fetched is dropped, see :class:`_BatchingConsumer`)."""
+        assignment; what it fetched is dropped, see :class:`_UnreadSourcesConsumer`)."""
         sources = (self.topics.decisions, self.topics.rewards)
         self.reader.assign({(topic, p): part.position.get(topic) for p, part in self.parts.items() for topic in sources})
         try:
@@ -457,7 +455,6 @@ class JoinWorker:
             validate_decision = self.validator.validate_decision
             validate_reward = self.validator.validate_reward
             core = self.core
-            positions = self.positions
             # Records read again after a restart (see streams._join_state) rebuild what was
             # held in memory; what they output was sent the first time, so it goes here.
             replayed = Outputs()
@@ -470,7 +467,6 @@ class JoinWorker:
                 part = self._part(partition)
                 if not self._in_sequence(part, topic, offset):
                     continue
-                positions[(topic, partition)] = offset + 1
                 sink = replayed if part.replaying(topic, offset) else out
                 part.handled(topic, offset)
                 is_decision = topic == decisions
@@ -619,7 +615,7 @@ class JoinWorker:
                 "join p%d: clock %d, waiting %d (next deadline %s), decisions read to %s, rewards to %s, "
                 "positions %s",
                 partition, part.watermark, len(part.heap), part.heap[0][0] if part.heap else None, complete_at, cap,
-                [self.positions.get((t, partition)) for t in (self.topics.decisions, self.topics.rewards)],
+                [part.position.get(t) for t in (self.topics.decisions, self.topics.rewards)],
             )  # fmt: skip
 
     async def _clocks(self) -> dict[int, tuple[int | None, int]]:
@@ -724,10 +720,11 @@ class JoinWorker:
             metrics.late_rewards.inc(out.late_rewards)
 
     def _report_lag(self) -> None:
-        for (topic, partition), position in list(self.positions.items()):
-            highwater = self.reader.highwater(topic, partition)
-            if highwater is not None:
-                self.metrics.consumer_lag.labels(topic, str(partition)).set(max(0, highwater - position))
+        for partition, part in self.parts.items():
+            for topic, position in part.position.items():
+                highwater = self.reader.highwater(topic, partition)
+                if highwater is not None:
+                    self.metrics.consumer_lag.labels(topic, str(partition)).set(max(0, highwater - position))
 
     def _fence_existing_changelog(self) -> None:
         """Close the changelog with one-record batches before faust reads its end offsets."""
