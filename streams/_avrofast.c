@@ -1762,14 +1762,72 @@ static PyTypeObject WriterType = {
 /* ---------------------------------------------------------------------------------------
  * Module */
 
+/* Kafka's murmur2 (the Java client's Utils.murmur2, librdkafka's rd_murmur2): the hash its
+ * default partitioner and librdkafka's "murmur2_random" place a keyed record with. */
+static uint32_t
+murmur2(const unsigned char *data, Py_ssize_t length)
+{
+    const uint32_t m = 0x5bd1e995u;
+    uint32_t h = 0x9747b28cu ^ (uint32_t)length;
+    Py_ssize_t i = 0;
+    for (; i + 4 <= length; i += 4) {
+        uint32_t k = (uint32_t)data[i] | ((uint32_t)data[i + 1] << 8) | ((uint32_t)data[i + 2] << 16) |
+                     ((uint32_t)data[i + 3] << 24);
+        k *= m;
+        k ^= k >> 24;
+        k *= m;
+        h *= m;
+        h ^= k;
+    }
+    switch (length & 3) {
+    case 3:
+        h ^= (uint32_t)data[i + 2] << 16;
+        /* fall through */
+    case 2:
+        h ^= (uint32_t)data[i + 1] << 8;
+        /* fall through */
+    case 1:
+        h ^= (uint32_t)data[i];
+        h *= m;
+    }
+    h ^= h >> 13;
+    h *= m;
+    h ^= h >> 15;
+    return h;
+}
+
+PyDoc_STRVAR(murmur2_doc,
+"murmur2(key: bytes) -> int\n\n"
+"Kafka's murmur2 hash of a record key, as an unsigned 32-bit int; the default partitioner's\n"
+"partition is (murmur2(key) & 0x7fffffff) % partitions.");
+
+static PyObject *
+module_murmur2(PyObject *self, PyObject *arg)
+{
+    Py_buffer view;
+    if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0) {
+        return NULL;
+    }
+    uint32_t h = murmur2((const unsigned char *)view.buf, view.len);
+    PyBuffer_Release(&view);
+    return PyLong_FromUnsignedLong(h);
+}
+
+static PyMethodDef module_methods[] = {
+    {"murmur2", (PyCFunction)module_murmur2, METH_O, murmur2_doc},
+    {NULL, NULL, 0, NULL},
+};
+
 PyDoc_STRVAR(module_doc,
-"Compiled Avro reader and writer programs; built and used by streams._avrocodec.");
+"Compiled Avro reader and writer programs; built and used by streams._avrocodec. And Kafka's\n"
+"murmur2 key hash (streams.partitioning).");
 
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT,
     .m_name = "streams._avrofast",
     .m_doc = module_doc,
     .m_size = -1,
+    .m_methods = module_methods,
 };
 
 PyMODINIT_FUNC

@@ -34,23 +34,42 @@ entry already written ("X", "Z", a written "D") makes them no-ops. An entry evic
 memory is written and from then on written on every change, like an entry of a domain
 that normalises its features (its encoding depends on the normaliser's state at the time).
 
-The deadline index is an in-memory heap of ``(deadline_ms, key)`` per partition, rebuilt
-from the database when the partition is assigned (after faust's changelog recovery).
-Entries are lazily invalidated: a popped key whose entry no longer carries that deadline
-is skipped.
+The deadline index is two in-memory heaps per partition, ``(deadline_ms, key)`` of waiting
+decisions and ``(expire_ms, key)`` of early rewards, rebuilt from the database when the
+partition is assigned (after faust's changelog recovery). Entries are lazily invalidated: a
+popped key whose entry no longer carries that kind and deadline is skipped.
 
-Clock: one monotone watermark ``W`` per partition; a deadline fires when ``W >= deadline``.
-``W`` moves to the newest decision time read, and - because a partition can go quiet -
-to the time up to which its decisions are known to be read to their end: the worker's
-wall clock at the last fetch response that found nothing left to read, less a margin for
-records still in flight from producers. So while decisions flow (a backlog too) ``W`` is
-their event time, and when they stop it follows the wall clock and the sweeper fires
-default rewards. ``W`` never passes the time up to which the partition's *rewards* are
-known read (the producer time of the newest reward read, or the same fetch-based time
-when they are read to their end): faust hands over whole fetches per topic, and a window
-must not close while rewards produced inside it are still unread. Reward timestamps never
-move ``W`` (another system's clock: a reward from the future must not close every window
-of its partition); decision times are capped at wall clock + ``max_clock_skew_s``.
+Clocks: event time, as Kafka Streams keeps stream time, never the broker's record time - so
+a backlog, a spool drained after an outage or a producer catching up joins as it would have
+live. Each partition keeps two monotone clocks, stored with its state:
+
+* the **reward clock**: how far in event time the partition's rewards are known read. A
+  waiting decision is finalised - rewarded, or with the domain's default reward - once the
+  reward clock is past its window's end plus ``grace_s``;
+* the **decision clock**, likewise for the decisions: early rewards whose decision has not come
+  give up once it is past their expiry plus grace (``reward_without_decision``).
+
+Each clock moves to the newest event time read on its own topic; an event stamped more than
+``max_clock_skew_s`` ahead of the wall clock counts as that far only. Two rules move a clock
+further when its topic has nothing left to read (the reader knows from fetch responses, right
+on every broker, that everything that reached the broker before wall time F is handed over),
+on the assumptions that a record reaches the broker within ``in_flight_margin_s`` of being
+produced and that records are produced in event-time order within the grace:
+
+* rewards read to their end at F: every reward produced before a decision handed over at or
+  before F - margin is read, so the reward clock moves to that decision's time (a domain whose
+  rewards are rare, or never come, still finalises as decisions flow); decisions read to their
+  end move the decision clock likewise from the rewards;
+* both read to their end and nothing handed over for longer than the margin (traffic stopped):
+  both clocks follow the wall clock from the newest event time read, ``stream_time + (F -
+  margin - last_read)``, so the sweeper fires default rewards. A stall of a backlog's
+  producer moves them by the stall's length, as it would have live; the join's own downtime
+  never counts (the session's ``last_read`` starts when it starts).
+
+So nothing is finalised before every reward stamped in its window that was produced in order
+is read - also after a restart, which resumes the stored clocks and reads the held records
+again before any clock can pass them. A reward more than the grace out of order, or stamped
+more than ``max_clock_skew_s`` before its decision, is refused with its reason.
 """
 
 from __future__ import annotations
@@ -58,6 +77,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import pickle
+import time
 from collections import defaultdict, deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
@@ -76,6 +96,9 @@ _DUMP = pickle.dumps
 _LOAD = pickle.loads
 _PROTOCOL = pickle.HIGHEST_PROTOCOL
 _HEAD = 9  # kind byte + 8-byte signed big-endian deadline (or done time), then the pickle
+NEVER = -(1 << 62)
+#: Batches waiting to settle a clock per topic and partition before the oldest are merged.
+_UNSETTLED_MAX = 1024
 
 
 def encode_entry(entry: list) -> bytes:
@@ -136,12 +159,18 @@ class JoinOptions:
     #: keys per partition at most (bounded work per tick), continuing where the last stopped.
     purge_interval_s: float = 10.0
     purge_scan: int = 20_000
-    #: A decision timestamp further than this ahead of the wall clock moves the clock only
-    #: this far (a producer with a wrong clock must not expire a partition's windows).
+    #: How far event clocks may disagree, seconds: an event stamped further ahead of the wall
+    #: clock moves the join's clocks only this far (a producer with a wrong clock must not
+    #: close a partition's windows), and a reward stamped more than this before its decision
+    #: is refused (``reward_before_decision``).
     max_clock_skew_s: float = 5.0
-    #: How long a record may take from its producer's clock to the broker's log: a partition
-    #: read to its end at wall time F is taken as complete up to F minus this.
+    #: How long a record may take from its producer to the broker's log, seconds (wall time):
+    #: a partition read to its end at wall time F holds everything produced before F minus this.
     in_flight_margin_s: float = 1.0
+    #: How far out of event-time order a partition's records may arrive, seconds (as Kafka
+    #: Streams' grace): a decision's default fires only once its rewards are read past its
+    #: window's end plus this.
+    grace_s: float = 2.0
 
     def __post_init__(self) -> None:
         for option in fields(self):
@@ -159,7 +188,8 @@ class JoinOptions:
 
 #: Join options for which 0 means something (no cache, no margin, no memory of done markers).
 _MAY_BE_ZERO = frozenset(
-    ("entry_cache", "done_retention_s", "max_clock_skew_s", "in_flight_margin_s", "max_waiting_events", "reward_lead_s")
+    ("entry_cache", "done_retention_s", "max_clock_skew_s", "in_flight_margin_s", "max_waiting_events", "reward_lead_s",
+     "grace_s")
 )
 
 
@@ -192,10 +222,13 @@ class Outputs:
     updates: list[tuple[str, dict]] = field(default_factory=list)
     dead: list[DeadLetter] = field(default_factory=list)
     duplicates: dict[str, int] = field(default_factory=dict)
+    #: kind -> one duplicate's id, for the log line that reports them
+    duplicate_samples: dict[str, str] = field(default_factory=dict)
     late_rewards: int = 0
 
-    def duplicate(self, kind: str) -> None:
+    def duplicate(self, kind: str, sample: str) -> None:
         self.duplicates[kind] = self.duplicates.get(kind, 0) + 1
+        self.duplicate_samples.setdefault(kind, sample)
 
 
 class _Domain:
@@ -222,11 +255,22 @@ class PartitionState:
         self.partition = partition
         self.db = db
         self._domains = domains
+        #: Deadline index: (deadline_ms, key) of waiting decisions ("D"), and (expire_ms, key)
+        #: of early rewards ("R").
         self.heap: list[tuple[int, bytes]] = []
+        self.early_heap: list[tuple[int, bytes]] = []
         self.waiting = 0
-        self.watermark = -(1 << 62)
-        #: Producer time of the newest reward read on this partition (this session).
-        self.rewards_read = -(1 << 62)
+        #: The clocks (event time, ms, monotone, stored; see the module's doc): how far the
+        #: partition's rewards and its decisions are known read, and the newest event time read.
+        self.reward_clock = NEVER
+        self.decision_clock = NEVER
+        self.stream_time = NEVER
+        #: This session only: wall ms the last record was handed over (or the session began),
+        #: each topic's newest event time in the batch being read, and per topic the
+        #: (wall ms handed over, newest event time) of batches not yet settled (:meth:`advance`).
+        self.last_read = time.time() * 1000.0
+        self._batch_newest = {True: NEVER, False: NEVER}
+        self._unsettled: dict[bool, deque[tuple[float, int]]] = {True: deque(), False: deque()}
         #: Source topic -> next offset after the newest record handled, stored with the state.
         self.offsets: dict[str, int] = {}
         #: Source topic -> where reading resumes after a restart: the oldest record whose
@@ -264,7 +308,10 @@ class PartitionState:
         meta = self.db.get(META_KEY)
         if meta is not None:
             meta = _LOAD(meta)
-            self.watermark = int(meta["watermark"])
+            clocks = meta.get("clocks") or dict.fromkeys(("rewards", "decisions", "stream"), meta["watermark"])
+            self.reward_clock = int(clocks["rewards"])
+            self.decision_clock = int(clocks["decisions"])
+            self.stream_time = int(clocks["stream"])
             self.offsets = dict(meta.get("offsets", {}))
             self.resume = {**self.offsets, **meta.get("replay_from", {})}
         self.position = dict(self.resume)
@@ -274,7 +321,7 @@ class PartitionState:
             if raw is not None:
                 self.normalizers[name] = Normalizer.from_export(_LOAD(raw))
                 self.norm_unpublished.add(name)
-        heap = self.heap
+        heap, early = self.heap, self.early_heap
         it = self.db.iter()
         it.seek(EVENT_PREFIX)
         while it.valid():
@@ -283,11 +330,14 @@ class PartitionState:
                 break
             head = it.value()[:_HEAD]
             kind = head[:1]
-            if kind == b"D" or kind == b"R":
+            if kind == b"D":
                 heap.append((int.from_bytes(head[1:], "big", signed=True), key))
-                self.waiting += kind == b"R"
+            elif kind == b"R":
+                early.append((int.from_bytes(head[1:], "big", signed=True), key))
+                self.waiting += 1
             it.next()
         heapq.heapify(heap)
+        heapq.heapify(early)
 
     # -- entries -------------------------------------------------------------------------
 
@@ -341,23 +391,69 @@ class PartitionState:
         self._norm_dirty.add(domain)
         self.norm_unpublished.add(domain)
 
-    # -- clock ---------------------------------------------------------------------------
+    # -- clocks --------------------------------------------------------------------------
 
-    def advance(self, max_ts: int | None, complete_at: int | None, cap: int | None) -> int:
-        """Move the clock: to the newest decision time read (``max_ts``), and to the time up
-        to which the decisions partition is known read to its end (``complete_at``), but not
-        past the time up to which its rewards are (``cap``). Never backwards."""
-        candidate = self.watermark
-        if max_ts is not None and max_ts > candidate:
-            candidate = max_ts
-        if complete_at is not None and complete_at > candidate:
-            candidate = complete_at
-        if cap is not None and candidate > cap:
-            candidate = cap
-        if candidate > self.watermark:
-            self.watermark = candidate
+    def observe(self, is_decision: bool, timestamp: int) -> None:
+        """A record of the batch being read carries this event time (capped by the caller)."""
+        if timestamp > self._batch_newest[is_decision]:
+            self._batch_newest[is_decision] = timestamp
+
+    def batch_read(self, read_wall_ms: float) -> None:
+        """The batch's records were handed over at ``read_wall_ms``: each topic's clock moves
+        to its newest event time read, and the batch waits to settle the other topic's clock."""
+        for is_decision, newest in self._batch_newest.items():
+            if newest == NEVER:
+                continue
+            self._batch_newest[is_decision] = NEVER
+            self.last_read = read_wall_ms
+            if newest > self.stream_time:
+                self.stream_time = newest
+            if is_decision:
+                self._raise("decision_clock", newest)
+            else:
+                self._raise("reward_clock", newest)
+            unsettled = self._unsettled[is_decision]
+            unsettled.append((read_wall_ms, newest))
+            if len(unsettled) > _UNSETTLED_MAX:  # merged: settles at the later time (later, never early)
+                _, first = unsettled.popleft()
+                wall, second = unsettled.popleft()
+                unsettled.appendleft((wall, max(first, second)))
+
+    def advance(self, decisions_end: float | None, rewards_end: float | None, margin_ms: float) -> None:
+        """Move the clocks with what the reader knows of the partition's ends.
+
+        ``decisions_end`` / ``rewards_end``: the wall ms F up to which that topic is read and
+        handed over to its end (everything that reached the broker before F), None while
+        records are left. A record reaches the broker within ``margin_ms`` of being produced,
+        and records are produced in event-time order within the grace, so:
+
+        * rewards read to their end at F: every reward produced before a decision handed over
+          at or before F - margin is read; the reward clock moves to that decision's time;
+        * decisions read to their end: likewise the decision clock, from rewards;
+        * both read to their end and nothing handed over for longer than the margin: both
+          clocks follow the wall clock from the newest event time read (the partition is
+          quiet, so default rewards fire when traffic stops): ``stream_time + (F - margin -
+          last_read)``.
+        """
+        if rewards_end is not None:
+            self._settle(True, rewards_end - margin_ms, "reward_clock")
+        if decisions_end is not None:
+            self._settle(False, decisions_end - margin_ms, "decision_clock")
+        if rewards_end is not None and decisions_end is not None and self.stream_time != NEVER:
+            quiet = min(rewards_end, decisions_end) - margin_ms - self.last_read
+            if quiet > 0:
+                self._raise("reward_clock", self.stream_time + int(quiet))
+                self._raise("decision_clock", self.stream_time + int(quiet))
+
+    def _settle(self, is_decision: bool, until_wall_ms: float, clock: str) -> None:
+        unsettled = self._unsettled[is_decision]
+        while unsettled and unsettled[0][0] <= until_wall_ms:
+            self._raise(clock, unsettled.popleft()[1])
+
+    def _raise(self, clock: str, value: int) -> None:
+        if value > getattr(self, clock):
+            setattr(self, clock, value)
             self._meta_dirty = True
-        return self.watermark
 
     # -- persistence ---------------------------------------------------------------------
 
@@ -396,7 +492,11 @@ class PartitionState:
         for name in self._norm_dirty:
             out.append((NORM_PREFIX + name.encode(), _DUMP(self.normalizers[name].export(), _PROTOCOL)))
         if self._meta_dirty or out:
-            meta = {"watermark": self.watermark, "offsets": self.offsets, "replay_from": self.resume}
+            meta = {
+                "watermark": self.reward_clock,  # as read by states written before the clocks were apart
+                "clocks": {"rewards": self.reward_clock, "decisions": self.decision_clock, "stream": self.stream_time},
+                "offsets": self.offsets, "replay_from": self.resume,
+            }  # fmt: skip
             out.append((META_KEY, _DUMP(meta, _PROTOCOL)))
         self.dirty = set()
         self._norm_dirty = set()
@@ -436,6 +536,9 @@ class JoinCore:
     def __init__(self, domains: Mapping[str, DomainSettings], options: JoinOptions) -> None:
         self.domains = {name: _Domain(name, settings) for name, settings in domains.items()}
         self.options = options
+        self._grace_ms = int(round(options.grace_s * 1000))
+        self._margin_ms = options.in_flight_margin_s * 1000.0
+        self._skew_ms = int(round(options.max_clock_skew_s * 1000))
 
     # -- events --------------------------------------------------------------------------
 
@@ -474,7 +577,7 @@ class JoinCore:
             if entry[0] == "Z":  # its early rewards gave up waiting: it opens afresh
                 entry = None
             elif entry[0] != "R":
-                out.duplicate("decision")
+                out.duplicate("decision", event["event_id"])
                 return
         domain = self.domains[event["domain"]]
         if isinstance(features, Exception):
@@ -542,12 +645,12 @@ class JoinCore:
             expire = event["timestamp"] + self.domains[event["domain"]].window_ms
             part.hold(key, ["R", expire, [waiting]], source.topic, source.offset)
             part.waiting += 1
-            heapq.heappush(part.heap, (expire, key))
+            heapq.heappush(part.early_heap, (expire, key))
             return
         kind = entry[0]
         if kind == "R":
             if any(w[0] == reward_id for w in entry[2]):
-                out.duplicate("reward")
+                out.duplicate("reward", f"{event['event_id']}/{reward_id}")
             elif len(entry[2]) >= self.options.max_rewards_per_decision:
                 out.dead.append(_refuse(source, "too_many_rewards",
                                         f"already {len(entry[2])} rewards wait for this decision"))
@@ -557,11 +660,11 @@ class JoinCore:
             return
         if kind == "X":
             if reward_id in entry[2]:
-                out.duplicate("reward")
+                out.duplicate("reward", f"{event['event_id']}/{reward_id}")
             else:
                 out.late_rewards += 1
                 out.dead.append(_refuse(source, "late_reward",
-                                        f"its decision was already joined and emitted (at {entry[1]}, clock {part.watermark})"))
+                                        f"its decision was already joined and emitted (at {entry[1]}, reward clock {part.reward_clock})"))
             return
         if self._attach(entry[2], entry[1], entry[3], waiting, out):
             part.hold(key, entry, source.topic, source.offset)
@@ -570,7 +673,7 @@ class JoinCore:
         """Add a reward to a waiting decision, or count/dead-letter it; True if added."""
         reward_id, ts, signals, value, owner, source = waiting
         if reward_id in rewards:
-            out.duplicate("reward")
+            out.duplicate("reward", f"{update['event_id']}/{reward_id}")
             return False
         if owner != (update["tenant"], update["workspace"], update["domain"]):
             out.dead.append(_refuse(source, "reward_mismatch",
@@ -582,6 +685,11 @@ class JoinCore:
             out.dead.append(_refuse(source, "late_reward",
                                     f"timestamp {ts} is after the decision's window closed at {deadline}"))
             return False
+        if ts < update["decision_time"] - self._skew_ms:
+            out.dead.append(_refuse(source, "reward_before_decision",
+                                    f"timestamp {ts} is more than max_clock_skew_s before its decision's "
+                                    f"{update['decision_time']}"))
+            return False
         if len(rewards) >= self.options.max_rewards_per_decision:
             out.dead.append(_refuse(source, "too_many_rewards", f"already {len(rewards)} rewards for this decision"))
             return False
@@ -590,29 +698,34 @@ class JoinCore:
 
     # -- deadlines -----------------------------------------------------------------------
 
-    def fire(self, part: PartitionState, now_wall_ms: float, out: Outputs, max_ts: int | None = None,
-             complete_at: int | None = None, cap: int | None = None) -> None:
-        """Advance the partition's clock (:meth:`PartitionState.advance`) and finalise
-        everything now due."""
-        watermark = part.advance(max_ts, complete_at, cap)
-        heap = part.heap
-        done_at = int(now_wall_ms)
-        while heap and heap[0][0] <= watermark:
+    def fire(self, part: PartitionState, now_wall_ms: float, out: Outputs, decisions_end: float | None = None,
+             rewards_end: float | None = None) -> None:
+        """Advance the partition's clocks (:meth:`PartitionState.advance`) and finalise
+        everything now due: a waiting decision once the reward clock is past its window's end
+        plus grace, early rewards once the decision clock is past theirs."""
+        part.advance(decisions_end, rewards_end, self._margin_ms)
+        grace, done_at = self._grace_ms, int(now_wall_ms)
+        heap, clock = part.heap, part.reward_clock - grace
+        while heap and heap[0][0] < clock:
             deadline, key = heapq.heappop(heap)
             entry = part.get(key)
-            if entry is None or entry[1] != deadline:
+            if entry is None or entry[0] != "D" or entry[1] != deadline:
+                continue  # finalised, or an index entry left from before a change
+            update, rewards = entry[2], entry[3]
+            domain = self.domains[update["domain"]]
+            out.updates.append(self._finalise(domain, update, rewards))
+            part.put(key, ["X", done_at, tuple(rewards)])
+        heap, clock = part.early_heap, part.decision_clock - grace
+        while heap and heap[0][0] < clock:
+            expire, key = heapq.heappop(heap)
+            entry = part.get(key)
+            if entry is None or entry[0] != "R" or entry[1] != expire:
                 continue
-            if entry[0] == "D":
-                update, rewards = entry[2], entry[3]
-                domain = self.domains[update["domain"]]
-                out.updates.append(self._finalise(domain, update, rewards))
-                part.put(key, ["X", done_at, tuple(rewards)])
-            elif entry[0] == "R":
-                part.waiting -= 1
-                for waiting in entry[2]:
-                    out.dead.append(_refuse(waiting[5], "reward_without_decision",
-                                            f"no decision {key[len(EVENT_PREFIX):].decode()!r} arrived within the window"))
-                part.put(key, ["Z", done_at, max(waiting[5].offset for waiting in entry[2])])
+            part.waiting -= 1
+            for waiting in entry[2]:
+                out.dead.append(_refuse(waiting[5], "reward_without_decision",
+                                        f"no decision {key[len(EVENT_PREFIX):].decode()!r} arrived within the window"))
+            part.put(key, ["Z", done_at, max(waiting[5].offset for waiting in entry[2])])
 
     def _finalise(self, domain: _Domain, update: dict, rewards: dict) -> tuple[str, dict]:
         record = dict(update)

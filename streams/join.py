@@ -11,13 +11,17 @@ costs two asyncio tasks and a dozen loop callbacks per record, which capped the 
 about 3,000 decision/reward pairs/s on this 2-core machine, and its aiokafka consumer about
 a fifth of the join's CPU more. The state is driven by :mod:`streams._join_state`. Per batch:
 
-1. decode (:class:`~streams.serde.AvroSerde`), validate (:class:`~streams.validation.Validator`);
-   a record that fails goes to the dead-letter topic, the rest go on;
+1. a record without a key, on another partition than its key's (``kafka.partitioner``), or
+   keyed by anything but its event_id is dead-lettered (``null_key``, ``wrong_partition``,
+   ``key_mismatch``): its decision and rewards could never be sure to meet; then decode (:class:`~streams.serde.AvroSerde`), validate
+   (:class:`~streams.validation.Validator`); a record that fails goes to the dead-letter
+   topic, the rest go on;
 2. decisions open a join entry (features encoded now, the normaliser updated after),
-   rewards attach to it, wait for it, or are late / duplicate;
-3. the partition's clock advances (see :mod:`streams._join_state`: decision event time,
-   and the wall time up to which the reader found the partition read to its end, never past
-   what its rewards are read to) and every due entry is finalised: its UpdateEvent is built;
+   rewards attach to it, wait for it, or are late / duplicate (counted, and logged with an
+   example);
+3. the partition's clocks advance - event time, never the broker's record time (see
+   :mod:`streams._join_state`: the event times read, and what the reader knows of each
+   source partition's end) - and every due entry is finalised: its UpdateEvent is built;
 4. **emit before marking done**: UpdateEvents and dead letters are produced and flushed,
    then the state changes - with the next source offset per topic - go to the table's
    changelog topic, then to local RocksDB (one write batch per partition) with the
@@ -77,6 +81,7 @@ from streams._join_state import (
     FENCE_KEY,
     DeadLetter,
     JoinCore,
+    JoinError,
     JoinOptions,
     Outputs,
     PartitionState,
@@ -85,6 +90,7 @@ from streams.client import EventProducer
 from streams.deadletter import DeadLetters, reason_of
 from streams.errors import DecodeError, ValidationError
 from streams.metrics import WorkerMetrics
+from streams.partitioning import key_partition
 from streams.topics import check_topics
 from streams.validation import Validator
 from streams.worker import NORMALIZER_POLICY, WorkerConfig
@@ -255,6 +261,10 @@ class JoinWorker:
         self._next_purge = 0.0
         self._next_lag_report = 0.0
         self._last_batch_at = 0.0  # monotonic time the last batch was joined
+        self._next_duplicate_log = 0.0
+        #: Where a key belongs: the source topics' partition count (as found at start-up).
+        self.partitioner = config.kafka.partitioner
+        self.source_partitions = config.topics.partitions
         self.worker: _Worker | None = None
         self.app = self._build_app()
 
@@ -343,7 +353,7 @@ class JoinWorker:
         return self.table.changelog_topic.get_topic_name()
 
     def run(self, *, stop: threading.Event | None = None) -> None:
-        check_topics(self.config.kafka, self.topics)
+        self.source_partitions = check_topics(self.config.kafka, self.topics)[self.topics.decisions]
         (self.config.state_dir / "join").mkdir(parents=True, exist_ok=True)
         port = self.metrics.serve(self.config.metrics_port, self.config.metrics_host)
         log.warning("join worker: metrics on port %d", port)
@@ -449,7 +459,6 @@ class JoinWorker:
             now = time.time() * 1000.0
             future = int(now + self.options.max_clock_skew_s * 1000)
             out = Outputs()
-            max_ts: dict[int, int] = {}  # partition -> newest decision time (the clock)
             counts: dict[str, int] = {}
             decisions = self.topics.decisions
             validate_decision = self.validator.validate_decision
@@ -459,6 +468,7 @@ class JoinWorker:
             # held in memory; what they output was sent the first time, so it goes here.
             replayed = Outputs()
             accepted: list[tuple[PartitionState, bool, Any, Outputs]] = []
+            misplaced = self._misplaced
             for message in messages:
                 topic, partition, offset = message.topic(), message.partition(), message.offset()
                 if (topic, partition) not in assigned:  # revoked while the batch was collected
@@ -469,12 +479,11 @@ class JoinWorker:
                     continue
                 sink = replayed if part.replaying(topic, offset) else out
                 part.handled(topic, offset)
-                is_decision = topic == decisions
-                if not is_decision:
-                    stamp = message.timestamp()[1]
-                    if stamp > part.rewards_read:
-                        part.rewards_read = stamp
-                accepted.append((part, is_decision, message, sink))
+                refused = misplaced(message)
+                if refused is not None:  # its decision and rewards can never meet here
+                    sink.dead.append(refused)
+                    continue
+                accepted.append((part, topic == decisions, message, sink))
             # Decoded per topic in one call each (the C reader's batch path), then in order.
             decoded_decisions = iter(self.decision_serde.decode_batch([m.value() or b"" for _, d, m, _ in accepted if d]))
             decoded_rewards = iter(self.reward_serde.decode_batch([m.value() or b"" for _, d, m, _ in accepted if not d]))
@@ -492,15 +501,19 @@ class JoinWorker:
                     source.error = error
                     sink.dead.append(source)
                     continue
+                if source.key != record["event_id"].encode():  # placed by another key than its event's
+                    source.reason = "key_mismatch"
+                    source.error = JoinError("key_mismatch", f"the record's key {source.key[:100]!r} is not its "
+                                                             f"event_id {record['event_id']!r}")
+                    sink.dead.append(source)
+                    continue
                 handled.append((part, is_decision, record, source, sink))
             encoded = iter(core.encode([record for _, is_decision, record, _, _ in handled if is_decision]))
             for part, is_decision, record, source, sink in handled:
+                part.observe(is_decision, min(record["timestamp"], future))
                 try:
                     if is_decision:
                         core.decision(part, record, source, sink, next(encoded))
-                        ts = min(record["timestamp"], future)
-                        if ts > max_ts.get(part.partition, -(1 << 62)):
-                            max_ts[part.partition] = ts
                     else:
                         core.reward(part, record, source, sink)
                 except Exception as error:  # a record must never stop the worker
@@ -508,6 +521,8 @@ class JoinWorker:
                         log.warning("join: %s/%d@%d refused: %r", source.topic, source.partition, source.offset, error)
                     source.error = error
                     sink.dead.append(source)
+            for part in self.parts.values():
+                part.batch_read(now)
             for topic, n in counts.items():
                 self.metrics.records_in.labels("join", topic).inc(n)
             n_replayed = sum(1 for *_, sink in accepted if sink is replayed)
@@ -515,10 +530,35 @@ class JoinWorker:
                 self.metrics.duplicates.labels("join", "replayed").inc(n_replayed)
             clocks = await self._clocks()
             for partition, part in self.parts.items():
-                core.fire(part, now, out, max_ts.get(partition), *clocks.get(partition, (None, part.rewards_read)))
+                core.fire(part, now, out, *clocks.get(partition, (None, None)))
+            self._report_duplicates(out)
             self.metrics.batch_size.labels("join").observe(len(messages))
             await asyncio.shield(self._commit(out, self.parts.values()))
             self._last_batch_at = time.monotonic()
+
+    def _misplaced(self, message: Any) -> DeadLetter | None:
+        """A dead letter for a record whose decision and rewards cannot meet on this partition
+        (no key, or a key that the configured partitioner places elsewhere), else None."""
+        key, partition = message.key(), message.partition()
+        if not key:
+            reason = "null_key"
+            text = "the record has no key: decisions and rewards are keyed by event_id to meet on one partition"
+        else:
+            expected = key_partition(key, self.source_partitions, self.partitioner)
+            if expected == partition:
+                return None
+            reason = "wrong_partition"
+            text = (f"its key belongs in partition {expected} of {self.source_partitions} "
+                    f"(kafka.partitioner {self.partitioner}), it came in partition {partition}")
+        return DeadLetter(message.topic(), partition, message.offset(), key, message.value(), JoinError(reason, text), reason)
+
+    def _report_duplicates(self, out: Outputs) -> None:
+        """Duplicates are counted (metrics) and told, with an example, at most every 10 s."""
+        if out.duplicates and time.monotonic() >= self._next_duplicate_log:
+            self._next_duplicate_log = time.monotonic() + 10.0
+            log.warning("join: duplicates dropped in this batch: %s (e.g. %s)",
+                        ", ".join(f"{n} {kind}" for kind, n in sorted(out.duplicates.items())),
+                        ", ".join(f"{kind} {sample}" for kind, sample in sorted(out.duplicate_samples.items())))
 
     def _in_sequence(self, part: PartitionState, topic: str, offset: int) -> bool:
         """Whether to handle this record: this session has not read it yet.
@@ -569,7 +609,7 @@ class JoinWorker:
                 out = Outputs()
                 clocks = await self._clocks()
                 for partition, part in self.parts.items():
-                    self.core.fire(part, now, out, None, *clocks.get(partition, (None, part.rewards_read)))
+                    self.core.fire(part, now, out, *clocks.get(partition, (None, None)))
                 await asyncio.shield(self._commit(out, self.parts.values()))
             if time.monotonic() >= self._next_purge:
                 self._next_purge = time.monotonic() + self.options.purge_interval_s
@@ -608,35 +648,26 @@ class JoinWorker:
                 self.producer.send_raw(topic, encode(record), key=f"~normalizer/{name}/p{part.partition}")
             part.norm_unpublished.clear()
 
-    def _log_status(self, clocks: dict[int, tuple[int | None, int]]) -> None:
+    def _log_status(self, clocks: dict[int, tuple[float | None, float | None]]) -> None:
         for partition, part in sorted(self.parts.items()):
-            complete_at, cap = clocks.get(partition, (None, None))
+            decisions_end, rewards_end = clocks.get(partition, (None, None))
             log.info(
-                "join p%d: clock %d, waiting %d (next deadline %s), decisions read to %s, rewards to %s, "
-                "positions %s",
-                partition, part.watermark, len(part.heap), part.heap[0][0] if part.heap else None, complete_at, cap,
+                "join p%d: reward clock %d, decision clock %d, stream time %d, waiting %d (next deadline %s), "
+                "decisions read to their end at %s, rewards at %s, positions %s",
+                partition, part.reward_clock, part.decision_clock, part.stream_time, len(part.heap),
+                part.heap[0][0] if part.heap else None, decisions_end, rewards_end,
                 [part.position.get(t) for t in (self.topics.decisions, self.topics.rewards)],
             )  # fmt: skip
 
-    async def _clocks(self) -> dict[int, tuple[int | None, int]]:
-        """Per partition: up to when its decisions and its rewards are known to be read.
-
-        ``(complete_at, cap)``: the time up to which the decisions partition is read to its
-        end (None while it has records left), and the time up to which its rewards are
-        (the producer time of the newest reward read, or later when the rewards partition is
-        read to its end). "Read to the end as of time F": everything that reached the broker
-        before F is handled (the reader knows it from fetch responses, right on every broker,
-        unlike a queried end offset), less ``in_flight_margin_s`` for records still on their way.
-        """
-        margin = int(self.options.in_flight_margin_s * 1000)
-        clocks: dict[int, tuple[int | None, int]] = {}
-        for partition, part in self.parts.items():
-            decisions = await self._read_to_end(self.topics.decisions, partition)
-            rewards = await self._read_to_end(self.topics.rewards, partition)
-            complete_at = None if decisions is None else decisions - margin
-            cap = part.rewards_read if rewards is None else max(part.rewards_read, rewards - margin)
-            clocks[partition] = (complete_at, cap)
-        return clocks
+    async def _clocks(self) -> dict[int, tuple[float | None, float | None]]:
+        """Per partition: ``(decisions_end, rewards_end)``, the wall ms up to which each source
+        partition is known handed over to its end, or None while it has records left (see
+        :meth:`streams._join_state.PartitionState.advance` for what the clocks make of them)."""
+        return {
+            partition: (await self._read_to_end(self.topics.decisions, partition),
+                        await self._read_to_end(self.topics.rewards, partition))
+            for partition in self.parts
+        }  # fmt: skip
 
     async def _read_to_end(self, topic: str, partition: int) -> int | None:
         """The wall time (ms) up to which this partition is known handled to its end, or

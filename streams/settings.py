@@ -23,6 +23,11 @@ class KafkaSettings(_Section):
     bootstrap_servers: str = Field("127.0.0.1:9092", min_length=1, description="host:port[,host:port...]")
     profile: str = Field("kafka", description=f"broker compatibility profile: {', '.join(sorted(PROFILES))}")
     client_id: str = "banditstream"
+    #: How producers place keyed records; the join refuses a record not where its key belongs.
+    partitioner: Literal["murmur2_random", "consistent_random"] = Field(
+        "murmur2_random",
+        description="key placement of every producer: murmur2_random (Kafka's, as the Java client) or consistent_random",
+    )
     #: Extra librdkafka settings for every client (security.protocol, sasl.*, ...).
     extra: dict[str, Any] = Field(default_factory=dict)
 
@@ -51,7 +56,7 @@ class KafkaSettings(_Section):
 
     def producer_config(self, **overrides: Any) -> dict[str, Any]:
         """librdkafka producer settings: idempotent, profile extras, then user extras."""
-        base = {"enable.idempotence": True, "linger.ms": 5, **self.broker_profile.producer}
+        base = {"enable.idempotence": True, "linger.ms": 5, "partitioner": self.partitioner, **self.broker_profile.producer}
         return {**base, **self.client_config(), **overrides}
 
     def consumer_config(self, group_id: str, **overrides: Any) -> dict[str, Any]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pickle
 import random
+import time
 from collections import Counter
 
 import pytest
@@ -29,6 +30,7 @@ from tests.join_helpers import DOMAINS, decision, reward
 
 T0 = 1_800_000_000_000
 WINDOW_MS = 2000  # every test domain's window
+GRACE_MS = int(JoinOptions().grace_s * 1000)
 
 
 def join_core() -> JoinCore:
@@ -94,28 +96,37 @@ def replay(tmp_path, entry_cache: int, *, restart_at: int | None = None, tag: st
         out, suppressed = Outputs(), Outputs()
         decisions = [e for _, topic, _, e in batch if topic == "decisions"]
         encoded = iter(core.encode(decisions))
-        newest = None
         for ts, topic, offset, event in batch:
             sink = suppressed if part.replaying(topic, offset) else out
             part.handled(topic, offset)
+            part.observe(topic == "decisions", event["timestamp"])
             source = DeadLetter(topic, 0, offset, event["event_id"].encode(), b"")
             if topic == "decisions":
                 core.decision(part, event, source, sink, next(encoded))
-                newest = ts
             else:
                 core.reward(part, event, source, sink)
-        core.fire(part, 0.0, out, newest, None, batch[-1][0])
+        part.batch_read(batch[-1][0])
+        core.fire(part, 0.0, out)
         produced.append((out.updates, [(d.topic, d.offset, d.reason) for d in out.dead], out.duplicates, out.late_rewards))
         persist(part, db, writes)
     out = Outputs()
-    core.fire(part, 0.0, out, T0 + 10**9, None, T0 + 10**9)
+    core.fire(part, 0.0, out, T0 + 10**9, T0 + 10**9)  # both topics read to their end, long quiet
     produced.append((out.updates, [(d.topic, d.offset, d.reason) for d in out.dead], out.duplicates, out.late_rewards))
     persist(part, db, writes)
     # Entries compared decoded: pickle shares repeated strings by identity, which differs
     # between objects decoded afresh and those kept in memory; the values do not.
-    contents = {key: decode_entry(db[key])[:4] if key.startswith(b"e:") else db[key] for key in db.keys()}
+    contents = {key: decode_entry(db[key])[:4] if key.startswith(b"e:") else pickle.loads(db[key]) if key == b"m:meta"
+                else db[key] for key in db.keys()}
     db.close()
     return produced, contents, writes
+
+
+def fire_until(core: JoinCore, part: PartitionState, out: Outputs, event_time: int) -> None:
+    """Both topics read up to ``event_time``: what is due by then fires."""
+    part.observe(True, event_time)
+    part.observe(False, event_time)
+    part.batch_read(0.0)
+    core.fire(part, 0.0, out)
 
 
 def persist(part: PartitionState, db: Rdict, writes: Counter) -> None:
@@ -201,7 +212,7 @@ def test_held_entries_move_the_resume_point_back_and_finishing_them_forward(tmp_
     assert pickle.loads(changes[b"m:meta"])["replay_from"] == {"decisions": 0, "rewards": 3}
     assert part.offsets == {"decisions": 3, "rewards": 4}
     out = Outputs()
-    core.fire(part, 0.0, out, T0 + WINDOW_MS + 10, None, T0 + WINDOW_MS + 10)
+    fire_until(core, part, out, T0 + WINDOW_MS + GRACE_MS + 10)
     changes = dict(part.changes())
     assert len(out.updates) == 3
     assert {decode_entry(v)[0] for k, v in changes.items() if k.startswith(b"e:")} == {"X"}
@@ -236,9 +247,9 @@ def test_early_rewards_that_gave_up_are_remembered_so_a_replay_does_not_dead_let
     out = Outputs()
     feed("decisions", 0, keeper, out)
     feed("rewards", 0, early, out)
-    core.fire(part, 0.0, out, None, None, T0 + WINDOW_MS - 1)  # the clock reaches the reward's expiry only
-    part.advance(T0 + WINDOW_MS, None, None)
-    core.fire(part, 0.0, out, None, None, None)
+    fire_until(core, part, out, T0 + WINDOW_MS + GRACE_MS)  # the clocks reach the windows' end plus grace only
+    assert not out.dead and not out.updates
+    fire_until(core, part, out, T0 + WINDOW_MS + GRACE_MS + 1)
     assert [d.reason for d in out.dead] == ["reward_without_decision"] and len(out.updates) == 1
     changes = dict(part.changes())
     assert decode_entry(changes[b"e:ev-1"])[0] == "Z"
@@ -255,6 +266,154 @@ def test_early_rewards_that_gave_up_are_remembered_so_a_replay_does_not_dead_let
     late_decision = decision("ev-1", "prompts", rng, T0 + WINDOW_MS + 500)
     feed("decisions", 1, late_decision, out)  # after its reward gave up: opens afresh
     feed("rewards", 1, reward("ev-1", "ev-1-r2", "prompts", rng, T0 + WINDOW_MS + 600), out)
-    core.fire(part, 0.0, out, T0 + 10**6, None, T0 + 10**6)
+    fire_until(core, part, out, T0 + 10**6)
     assert [(u["event_id"], u["reward_count"]) for _, u in out.updates] == [("ev-1", 1)]
+    db.close()
+
+
+# -- clocks: event time, never the time records are read ---------------------------------
+
+
+def pairs(seed: int, n: int, start: int) -> list[tuple[str, dict]]:
+    """Decisions and their rewards merged in event-time order, as services log them: most
+    rewarded inside the window (some twice), some never, some after the window closed."""
+    rng = random.Random(seed)
+    events = []
+    for i in range(n):
+        ts = start + 13 * i
+        domain = ("ranker", "prompts")[i % 2]
+        event_id = f"p-{i:05d}"
+        events.append((ts, "decisions", decision(event_id, domain, rng, ts)))
+        for j in range(rng.choice((0, 1, 1, 2))):
+            delay = rng.choice((5, 400, 1900, 2600))  # the last after the window
+            events.append((ts + delay, "rewards", reward(event_id, f"{event_id}-r{j}", domain, rng, ts + delay)))
+    events.sort(key=lambda e: e[0])
+    return [(topic, event) for _, topic, event in events]
+
+
+def join_as_read(tmp_path, events, read_at, *, batch: int = 50, ends=lambda b: True, tag: str = "") -> dict:
+    """Join ``events`` (in log order) as a worker reads them: in batches handed over at wall
+    time ``read_at(i)`` of their first record; after batch ``b`` both topics are reported read
+    to their end when ``ends(b)`` (the reader caught up with the producer). Then traffic stops.
+    Returns event_id -> (status, reward, reward_count), and the dead letters' reasons."""
+    core, db = join_core(), open_db(tmp_path / f"clock-db{tag}")
+    part = PartitionState(0, db, core.domains, 1_000_000)
+    offsets = {"decisions": 0, "rewards": 0}
+    out = Outputs()
+    encoded = iter(core.encode([e for topic, e in events if topic == "decisions"]))
+    for b, first in enumerate(range(0, len(events), batch)):
+        wall = read_at(first)
+        for topic, event in events[first : first + batch]:
+            offset = offsets[topic]
+            offsets[topic] += 1
+            part.handled(topic, offset)
+            part.observe(topic == "decisions", event["timestamp"])
+            source = DeadLetter(topic, 0, offset, event["event_id"].encode(), b"")
+            if topic == "decisions":
+                core.decision(part, event, source, out, next(encoded))
+            else:
+                core.reward(part, event, source, out)
+        part.batch_read(wall)
+        end = wall if ends(b) else None
+        core.fire(part, wall, out, end, end)
+        part.changes()
+    quiet = read_at(len(events)) + 10**7
+    core.fire(part, quiet, out, quiet, quiet)
+    db.close()
+    joined = {u["event_id"]: (u["join_status"], u["reward"], u["reward_count"]) for _, u in out.updates}
+    assert len(joined) == len(out.updates)  # one update per decision
+    return {"updates": joined, "dead": Counter(d.reason for d in out.dead)}
+
+
+def test_a_backlog_stamped_an_hour_ago_joins_as_the_same_events_did_live(tmp_path):
+    """Live: each record read as it is stamped, the reader at the end after every batch.
+    Backlog: the same log an hour later at full speed (a spool drained, a producer catching
+    up), the reader now and then catching up with the producer. The same updates come out."""
+    events = pairs(5, 3000, T0)
+    live = join_as_read(tmp_path, events, lambda i: events[min(i, len(events) - 1)][1]["timestamp"] + 30, tag="live")
+    # The backlog's rewards reach the broker behind its decisions (another partition's
+    # batches still in flight: here 500 records, ~3 s of event time, more than the grace)
+    # while the reader reports both partitions read to their end.
+    lagging = [e for _, e in sorted(enumerate(events), key=lambda x: x[0] + 500 * (x[1][0] == "rewards"))]
+    rng = random.Random(9)
+    later = T0 + 3_600_000
+    backlog = join_as_read(tmp_path, lagging, lambda i: later + i // 100, ends=lambda b: rng.random() < 0.3,
+                           tag="backlog")
+    assert backlog == live
+    statuses = Counter(status for status, _, _ in live["updates"].values())
+    assert len(live["updates"]) == 3000 and statuses["rewarded"] > 1500 and statuses["default"] > 300
+    assert live["dead"]["late_reward"] > 100 and set(live["dead"]) == {"late_reward"}
+
+
+def test_decisions_never_rewarded_get_their_default_once_later_decisions_are_read(tmp_path):
+    """A domain whose rewards never come: the rewards partition is read to its end, so the
+    reward clock follows the decisions handed over at least the in-flight margin before."""
+    core, db = join_core(), open_db(tmp_path / "db")
+    part = PartitionState(0, db, core.domains, 1000)
+    rng = random.Random(4)
+    options = JoinOptions()
+    margin = int(options.in_flight_margin_s * 1000)
+    out = Outputs()
+    for i in range(200):  # one decision every 100 ms, each read 50 ms after its stamp
+        ts = T0 + 100 * i
+        event = decision(f"d-{i}", "ranker", rng, ts)
+        part.handled("decisions", i)
+        part.observe(True, ts)
+        core.decision(part, event, DeadLetter("decisions", 0, i, b"", b""), out)
+        part.batch_read(ts + 50)
+        core.fire(part, ts + 50, out, None, ts + 50)  # rewards read to their end; decisions never quite
+        done = {u["event_id"] for _, u in out.updates}
+        # d-k is due once a decision stamped after its window end plus grace was handed over
+        # at least the margin ago: about (window + grace + margin) / 100 ms decisions later
+        due = {f"d-{k}" for k in range(i + 1) if T0 + 100 * k + WINDOW_MS + GRACE_MS < ts - margin - 50}
+        assert due <= done <= {f"d-{k}" for k in range(i + 1) if T0 + 100 * k + WINDOW_MS + GRACE_MS < ts}
+    assert len(out.updates) > 100 and all(u["join_status"] == "default" for _, u in out.updates)
+    db.close()
+
+
+def test_a_quiet_partition_follows_the_wall_clock_from_its_newest_event_after_the_margin(tmp_path):
+    core, db = join_core(), open_db(tmp_path / "db")
+    part = PartitionState(0, db, core.domains, 1000)
+    margin = int(JoinOptions().in_flight_margin_s * 1000)
+    part.handled("decisions", 0)
+    part.observe(True, T0 - 3_600_000)  # an old event, read now
+    part.batch_read(T0)
+    part.advance(T0 + margin, T0 + margin, margin)  # read to both ends, quiet only for the margin
+    assert part.reward_clock == part.decision_clock == T0 - 3_600_000
+    part.advance(T0 + margin + 500, T0 + margin + 400, margin)
+    assert part.reward_clock == part.decision_clock == T0 - 3_600_000 + 400  # the earlier end of the two
+    part.advance(None, T0 + 10**6, margin)  # decisions not known read to their end: no quiet rule
+    assert part.reward_clock == T0 - 3_600_000 + 400
+    db.close()
+
+
+def test_the_clocks_are_stored_and_a_restart_starts_from_them(tmp_path):
+    core, db = join_core(), open_db(tmp_path / "db")
+    part = PartitionState(0, db, core.domains, 1000)
+    part.handled("rewards", 0)
+    part.observe(False, T0 + 7)
+    part.handled("decisions", 0)
+    part.observe(True, T0 + 5)
+    part.batch_read(T0 + 100)
+    for key, value in part.changes():
+        db[key] = value
+    before = time.time() * 1000
+    again = PartitionState(0, db, core.domains, 1000)
+    assert (again.reward_clock, again.decision_clock, again.stream_time) == (T0 + 7, T0 + 5, T0 + 7)
+    assert before <= again.last_read <= time.time() * 1000  # quiet counts from the start: never the downtime
+    db.close()
+
+
+def test_a_reward_stamped_before_its_decision_by_more_than_the_skew_is_refused(tmp_path):
+    core, db = join_core(), open_db(tmp_path / "db")
+    part = PartitionState(0, db, core.domains, 1000)
+    rng = random.Random(6)
+    skew = int(JoinOptions().max_clock_skew_s * 1000)
+    out = Outputs()
+    core.decision(part, decision("e", "ranker", rng, T0), DeadLetter("decisions", 0, 0, b"", b""), out)
+    for offset, ts in enumerate((T0 - skew - 1, T0 - skew, T0 + 10)):
+        core.reward(part, reward("e", f"r{offset}", "ranker", rng, ts), DeadLetter("rewards", 0, offset, b"", b""), out)
+    fire_until(core, part, out, T0 + 10**6)
+    assert [d.reason for d in out.dead] == ["reward_before_decision"]
+    assert [u["reward_count"] for _, u in out.updates] == [2]
     db.close()
