@@ -105,6 +105,36 @@ TABLE_NAME = "join"
 MAX_DEAD_LETTER_VALUE = 512 * 1024
 
 
+class Failpoint:
+    """A testing aid: ``BANDITSTREAM_FAILPOINT=STAGE:N`` kills this process (SIGKILL, as
+    ``kill -9``) the N-th time the join passes STAGE, so crash recovery is tested at exact
+    points, not only where an outside kill happens to land:
+
+    * ``read``: a batch applied to the state in memory, nothing emitted;
+    * ``emitted``: its UpdateEvents and dead letters flushed, the changelog not written;
+    * ``changelog``: the changelog flushed, the local state not written;
+    * ``persisted``: the first partition's state written, the others' not.
+    """
+
+    STAGES = ("read", "emitted", "changelog", "persisted")
+
+    def __init__(self, spec: str | None) -> None:
+        self.stage, self.remaining = None, 0
+        if spec:
+            stage, _, count = spec.partition(":")
+            if stage not in self.STAGES or not count.isdigit() or int(count) < 1:
+                raise ValueError(f"BANDITSTREAM_FAILPOINT must be STAGE:N with STAGE one of {', '.join(self.STAGES)}, "
+                                 f"got {spec!r}")
+            self.stage, self.remaining = stage, int(count)
+
+    def passed(self, stage: str) -> None:
+        if stage == self.stage:
+            self.remaining -= 1
+            if self.remaining == 0:
+                log.critical("join: failpoint %s reached: killing the process", stage)
+                os.kill(os.getpid(), signal.SIGKILL)
+
+
 def run_join(config: WorkerConfig, *, stop: threading.Event | None = None) -> None:
     """Run the join worker until SIGTERM/SIGINT (main thread) or ``stop`` is set.
 
@@ -262,6 +292,7 @@ class JoinWorker:
         self._next_lag_report = 0.0
         self._last_batch_at = 0.0  # monotonic time the last batch was joined
         self._next_duplicate_log = 0.0
+        self.failpoint = Failpoint(os.environ.get("BANDITSTREAM_FAILPOINT"))
         #: Where a key belongs: the source topics' partition count (as found at start-up).
         self.partitioner = config.kafka.partitioner
         self.source_partitions = config.topics.partitions
@@ -532,6 +563,7 @@ class JoinWorker:
             for partition, part in self.parts.items():
                 core.fire(part, now, out, *clocks.get(partition, (None, None)))
             self._report_duplicates(out)
+            self.failpoint.passed("read")
             self.metrics.batch_size.labels("join").observe(len(messages))
             await asyncio.shield(self._commit(out, self.parts.values()))
             self._last_batch_at = time.monotonic()
@@ -694,6 +726,7 @@ class JoinWorker:
             )  # fmt: skip
         if out.updates or out.dead:
             await loop.run_in_executor(None, producer.flush)
+            self.failpoint.passed("emitted")
         self._count(out)
 
         changes = [(part, part.changes()) for part in parts]
@@ -723,6 +756,7 @@ class JoinWorker:
             await loop.run_in_executor(None, clog.flush)
         if failures or len(last) < len(changes):
             raise RuntimeError(f"changelog writes failed: {failures[:1] or 'not delivered'}")
+        self.failpoint.passed("changelog")
 
         from rocksdict import WriteBatch
 
@@ -736,6 +770,7 @@ class JoinWorker:
                     batch.put(key, value)
             part.db.write(batch)
             store.set_persisted_offset(TP(topic, part.partition), last[part.partition])
+            self.failpoint.passed("persisted")
 
     def _count(self, out: Outputs) -> None:
         metrics = self.metrics
