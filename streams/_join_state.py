@@ -539,6 +539,9 @@ class JoinCore:
         self._grace_ms = int(round(options.grace_s * 1000))
         self._margin_ms = options.in_flight_margin_s * 1000.0
         self._skew_ms = int(round(options.max_clock_skew_s * 1000))
+        #: How long past its window a decision can still be told from a re-send (its done
+        #: marker is kept ``done_retention_s``), ms.
+        self._forget_ms = self._grace_ms + int(round(options.done_retention_s * 1000))
 
     # -- events --------------------------------------------------------------------------
 
@@ -580,6 +583,12 @@ class JoinCore:
                 out.duplicate("decision", event["event_id"])
                 return
         domain = self.domains[event["domain"]]
+        if entry is None and event["timestamp"] + domain.window_ms + self._forget_ms < part.decision_clock:
+            # Its done marker, had it been joined before, would be purged by now: a re-send
+            # could not be told from a first sending, and would be learned twice.
+            raise JoinError("expired_decision",
+                            f"stamped {event['timestamp']}, older than its window plus grace_s and done_retention_s "
+                            f"before the partition's decisions ({part.decision_clock}): it cannot be told from a re-send")
         if isinstance(features, Exception):
             raise features
         if features is None:

@@ -417,3 +417,26 @@ def test_a_reward_stamped_before_its_decision_by_more_than_the_skew_is_refused(t
     assert [d.reason for d in out.dead] == ["reward_before_decision"]
     assert [u["reward_count"] for _, u in out.updates] == [2]
     db.close()
+
+
+def test_a_decision_older_than_the_join_remembers_is_refused_not_learned_twice(tmp_path):
+    """Past its window, grace and done_retention_s, a decision's done marker would be purged:
+    a re-send could not be told from a first sending, so it is refused (expired_decision)."""
+    from streams._join_state import JoinError
+
+    core, db = join_core(), open_db(tmp_path / "db")
+    part = PartitionState(0, db, core.domains, 1000)
+    rng = random.Random(7)
+    options = JoinOptions()
+    forget = WINDOW_MS + GRACE_MS + int(options.done_retention_s * 1000)
+    out = Outputs()
+    core.decision(part, decision("now", "ranker", rng, T0), DeadLetter("decisions", 0, 0, b"", b""), out)
+    part.observe(True, T0)
+    part.batch_read(0.0)
+    core.decision(part, decision("old-but-known", "ranker", rng, T0 - forget), DeadLetter("decisions", 0, 1, b"", b""), out)
+    with pytest.raises(JoinError) as refused:
+        core.decision(part, decision("too-old", "ranker", rng, T0 - forget - 1), DeadLetter("decisions", 0, 2, b"", b""), out)
+    assert refused.value.reason == "expired_decision"
+    core.decision(part, decision("now", "ranker", rng, T0), DeadLetter("decisions", 0, 3, b"", b""), out)
+    assert out.duplicates == {"decision": 1} and out.duplicate_samples == {"decision": "now"}
+    db.close()
