@@ -2,8 +2,8 @@
 
 Every command loads the one configuration tree (``--config`` or ``$BANDITSTREAM_CONFIG``,
 then ``BANDITSTREAM_*`` environment overrides). Expected failures (bad config, a server
-that does not answer, a broken topic layout) print one line and exit 2; nothing prints a
-traceback unless ``--verbose`` is given.
+that does not answer, a broken topic layout, a state directory another worker holds) print
+one line and exit 2; nothing prints a traceback unless ``--verbose`` is given.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from rich.table import Table
 from banditstream.config import ConfigError, Settings, load_settings
 from banditstream.demo import DemoError
 from banditstream.devstack import LocalStack, StackError
+from learner.errors import StateDirLocked
 from streams.errors import BanditstreamError
 from streams.topics import TopicError, ensure_topics
 from streams.validation import Validator
@@ -43,7 +44,7 @@ console = Console()
 err_console = Console(stderr=True)
 
 DEFAULT_DEV_DIR = ".banditstream/dev"
-EXPECTED_ERRORS = (ConfigError, StackError, TopicError, BanditstreamError, DemoError)
+EXPECTED_ERRORS = (ConfigError, StackError, TopicError, BanditstreamError, DemoError, StateDirLocked)
 DEMO_DOMAINS = ("llm_routing", "support_templates")
 
 

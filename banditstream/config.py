@@ -98,8 +98,30 @@ class MetricsSettings(_Section):
 
 
 class LimitSettings(_Section):
+    """What the boundary accepts (streams.validation.ValidationLimits): the SDK refuses it at
+    decide(), the workers dead-letter it with reason ``field_too_large`` (``too_many_actions``)."""
+
     max_payload_bytes: int = Field(1_000_000, ge=1024)
     probability_tolerance: float = Field(1e-6, gt=0, lt=0.1)
+    max_id_bytes: int = Field(
+        256, ge=32, description="longest id in UTF-8 bytes: event, reward and action ids, tenant, workspace, domain, "
+        "policy_version (the SDK's own event ids take 32)",
+    )  # fmt: skip
+    max_string_bytes: int = Field(1024, ge=1, description="longest feature or signal name, or categorical value, in UTF-8 bytes")
+    max_actions: int = Field(256, ge=1, description="most candidates per decision, for domains that set no max_actions")
+    max_features: int = Field(512, ge=1, description="most named features (numeric + categorical) in a context, and in each action")
+    max_vector_dim: int = Field(4096, ge=1, description="longest dense vector, for domains that set no features.vector_dim")
+    max_signals: int = Field(64, ge=1, description="most named signals in one reward")
+
+    @field_validator(
+        "max_payload_bytes", "max_id_bytes", "max_string_bytes", "max_actions", "max_features", "max_vector_dim", "max_signals",
+        mode="before",
+    )  # fmt: skip
+    @classmethod
+    def _not_a_boolean(cls, value: Any) -> Any:
+        if isinstance(value, bool):  # pydantic would read true as 1
+            raise ValueError("must be an integer, not a boolean")
+        return value
 
 
 class Settings(_Section):
@@ -189,11 +211,7 @@ class Settings(_Section):
                 name: DomainLimits(vector_dim=d.features.vector_dim or None, max_actions=d.max_actions)
                 for name, d in self.domains.items()
             }
-        return ValidationLimits(
-            domains=domains,
-            probability_tolerance=self.limits.probability_tolerance,
-            max_payload_bytes=self.limits.max_payload_bytes,
-        )
+        return ValidationLimits(domains=domains, **self.limits.model_dump())
 
 
 def _check_options(build, value: dict[str, Any]) -> dict[str, Any]:

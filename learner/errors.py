@@ -13,7 +13,8 @@ as a bug in its own offset bookkeeping.
         ├── InvalidKey              (also a ValueError: an id that cannot be encoded as a key)
         ├── OffsetRegression        (a write would move a consumed offset backwards)
         ├── ShardClosed             (the shard was closed; reopen it from the store)
-        └── StoreCorruption         (a stored value or database is not ours, or is damaged)
+        ├── StoreCorruption         (a stored value or database is not ours, or is damaged)
+        └── StateDirLocked          (another worker holds the state directory)
 
 The policies package keeps its own errors (e.g. its state format errors) in its own module.
 """
@@ -82,3 +83,22 @@ class StoreCorruption(StoreError):
         self.reason = reason
         where = f"shard {shard}" if key is None else f"shard {shard}, key {key}"
         super().__init__(f"{where}: {reason}")
+
+
+class StateDirLocked(StoreError):
+    """Another live process holds the state directory (see :mod:`learner.statelock`).
+
+    Two workers on one directory would both write its state; the second refuses to start.
+    ``pid`` is the holder's process id as it wrote it (None if it could not be read).
+    """
+
+    def __init__(self, directory: str, pid: int | None) -> None:
+        self.directory = directory
+        self.pid = pid
+        holder = f" (pid {pid})" if pid is not None else ""
+        super().__init__(
+            f"state directory {directory} is in use by another worker{holder}; stop it or choose another state_dir"
+        )
+
+    def __reduce__(self):
+        return (type(self), (self.directory, self.pid))

@@ -19,6 +19,9 @@ record). ``str(err)`` is one line naming the field and the value:
 :class:`OversizePayload` is both a :class:`DecodeError` (raw bytes refused before parsing)
 and a :class:`ValidationError` (an event whose encoding is too large), so either handler
 catches it.
+
+:class:`FieldTooLarge` names the configured limit it broke, so an operator knows which knob
+to raise: ``actions[3].id is 1048576 bytes, the limit is 256 (limits.max_id_bytes)``.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ __all__ = [
     "CorruptPayload",
     "DecodeError",
     "EmptyActions",
+    "FieldTooLarge",
     "IncompatibleSchema",
     "MissingEventId",
     "MissingRewardId",
@@ -138,6 +142,29 @@ class OversizePayload(DecodeError, ValidationError):
     """The encoded event is larger than the configured limit."""
 
     reason: ClassVar[str] = "oversize"
+
+
+class FieldTooLarge(ValidationError):
+    """A string, list or map is larger than its configured limit (``limits.<knob>``).
+
+    ``value`` is the size found (UTF-8 bytes for a string, entries for a list or map) and
+    ``limit`` the limit; the message reads ``<field> is <size> bytes, the limit is <limit>
+    (limits.<knob>)`` (no unit for a count).
+    """
+
+    reason: ClassVar[str] = "field_too_large"
+
+    def __init__(self, field: str, size: int, limit: int, knob: str, unit: str = "bytes") -> None:
+        self.field = field
+        self.value = size
+        self.limit = limit
+        self.knob = knob
+        self.unit = unit
+        self.explanation = f"the limit is {limit} (limits.{knob})"
+        Exception.__init__(self, f"{field} is {size}{' ' + unit if unit else ''}, {self.explanation}")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.field, self.value, self.limit, self.knob, self.unit))
 
 
 class MissingEventId(ValidationError):

@@ -76,6 +76,7 @@ from faust.transport.drivers.aiokafka import Consumer as AIOKafkaConsumer
 from faust.transport.drivers.aiokafka import Transport as AIOKafkaTransport
 from faust.types import TP
 
+from learner.statelock import StateLock
 from streams._join_reader import RewardHold, SourceReader
 from streams._join_state import (
     FENCE_KEY,
@@ -139,9 +140,11 @@ def run_join(config: WorkerConfig, *, stop: threading.Event | None = None) -> No
     """Run the join worker until SIGTERM/SIGINT (main thread) or ``stop`` is set.
 
     Returns normally after a graceful shutdown (batch finished, outputs flushed, offsets
-    committed, group left); raises if the worker crashed.
+    committed, group left); raises if the worker crashed, and at once with
+    :class:`~learner.errors.StateDirLocked` if another worker holds ``state_dir/join``.
     """
-    JoinWorker(config).run(stop=stop)
+    with StateLock(config.state_dir / "join"):
+        JoinWorker(config).run(stop=stop)
 
 
 class _Worker(faust.Worker):

@@ -59,7 +59,9 @@ The workflow, in the order a record meets it:
    still correct: the state at any offset is a function of the log, so replaying from the
    stale offset recomputes it. On revocation the worker publishes and commits before it lets
    go, so the next owner starts from both. Each worker needs its own ``state_dir`` (a revoked
-   shard stays open until the new assignment shows whether it comes back).
+   shard stays open until the new assignment shows whether it comes back): a second worker
+   started on one is refused at once (:class:`~learner.statelock.StateLock` on
+   ``state_dir/learn/LOCK``; the CLI prints one line and exits 2).
 8. **Shut down** on SIGTERM/SIGINT (or ``stop``): finish the batch, publish, commit, close the
    consumer so the group rebalances at once, close the shards, exit 0.
 
@@ -91,6 +93,7 @@ from prometheus_client import Counter, Gauge
 
 from learner.policies import SHARED_ARM
 from learner.policies.base import FORMAT_MAJOR
+from learner.statelock import StateLock
 from learner.store import ArmKey, PosteriorStore
 from streams._learn_rebuild import read_published
 from streams._learn_shard import BlockStats, DomainModel, ShardLearner, Update
@@ -277,6 +280,15 @@ class Learner:
     # -- the loop --------------------------------------------------------------------------
 
     def run(self, stop: threading.Event) -> None:
+        """Learn until ``stop`` is set. Refused at once with :class:`~learner.errors.StateDirLocked`
+        when another worker holds this state directory (two writers would corrupt it)."""
+        lock = StateLock(self.store.root)  # before anything reads or writes the state
+        try:
+            self._run(stop)
+        finally:
+            lock.close()  # after _shutdown closed the shards
+
+    def _run(self, stop: threading.Event) -> None:
         counts = check_topics(self.config.kafka, self.config.topics)
         posterior = self.config.topics.posterior
         if counts[posterior] < counts[self.topic]:
@@ -327,7 +339,7 @@ class Learner:
                 self._dead_letter(message, record)
             else:
                 try:
-                    update = self._parse(record, message.key(), offset)
+                    update = self._parse(record, message.key(), offset, len(message.value() or b""))
                 except ValidationError as error:
                     self._dead_letter(message, error)
                 else:
@@ -336,9 +348,10 @@ class Learner:
         self._fed_since_publish += fed
         self.dead_letters.producer.poll(0)
 
-    def _parse(self, record: dict, key: bytes | None, offset: int) -> Update:
-        """The update in ``record``, or the ValidationError that dead-letters it."""
-        self.validator.validate_update(record)
+    def _parse(self, record: dict, key: bytes | None, offset: int, size: int | None = None) -> Update:
+        """The update in ``record`` (decoded from ``size`` bytes), or the ValidationError that
+        dead-letters it."""
+        self.validator.validate_update(record, encoded_size=size)
         domain = record["domain"]
         model = self.domains.get(domain)
         if model is None:

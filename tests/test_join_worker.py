@@ -360,6 +360,7 @@ def test_bad_records_are_dead_lettered_with_their_reason_and_good_ones_joined(ka
         "missing_event_id": serde.encode(variant("")),
         "unknown_domain": serde.encode({**variant("bad-domain"), "domain": "nowhere"}),
         "oversize": serde.encode({**variant("bad-size"), "policy_version": "x" * 1_000_100}),
+        "field_too_large": serde.encode({**variant("bad-long"), "policy_version": "x" * 300_000}),
     }
     good_ids = [good(0)]
     for i, (reason, payload) in enumerate(corpus.items()):
@@ -540,3 +541,19 @@ def test_a_reward_that_cannot_meet_its_decision_is_dead_lettered_not_left_to_def
     assert sorted(r["reason"] for r in dead) == sorted(bad)
     for record in dead:
         assert record["source_topic"] == topics.rewards and record["value"] == bad[record["reason"]]["value"]
+
+
+def test_a_second_join_on_one_state_dir_is_refused_in_one_line(kafka, topics, tmp_path):
+    from learner.errors import StateDirLocked
+    from streams.join import run_join
+
+    ensure_topics(kafka, topics)
+    config = H.settings(kafka, topics, tmp_path / "state").worker_config()
+    with H.JoinThread(config) as worker:
+        deadline = time.monotonic() + 30
+        while not (tmp_path / "state" / "join" / "LOCK").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        with pytest.raises(StateDirLocked) as refused:
+            run_join(config, stop=threading.Event())
+        worker.check()
+    assert str(refused.value).count("\n") == 0 and "in use by another worker" in str(refused.value)
