@@ -20,7 +20,12 @@ What ``decide`` does, in order (microseconds; no network, no locks on the hot pa
    baseline decides and the fallback is counted by reason.
 4. **Choice.** The policy's full distribution (exploration floor included) and a draw.
 5. **Emit.** The DecisionEvent goes to Kafka without waiting (delivery callbacks), or to the
-   local spool while Kafka is unreachable.
+   local spool while Kafka is unreachable. An event the join would dead-letter for its size
+   (:class:`~streams.validation.ValidationLimits`) is refused instead: ``decide`` raises
+   :class:`~streams.errors.FieldTooLarge` or :class:`~streams.errors.TooManyActions` and
+   emits nothing. Candidate count and ids are checked before choosing; features when the
+   event is encoded, and only when its encoding is too large to prove them (the usual event
+   costs nothing). Without Kafka nothing is emitted, so features are not size-checked.
 
 The baseline is the first remaining candidate.
 """
@@ -29,6 +34,7 @@ from __future__ import annotations
 
 import logging
 import math
+import operator
 import os
 import re
 import threading
@@ -45,7 +51,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from learner.domain import DomainSettings
 from learner.features import FeatureEncoder
 from learner.policies import Policy
-from streams.errors import EmptyActions, NonFiniteFeature, WrongDimension
+from streams.errors import EmptyActions, NonFiniteFeature, TooManyActions, WrongDimension
 from streams.serde import AvroSerde
 from streams.settings import KafkaSettings, TopicSettings
 from streams.validation import ValidationLimits, Validator
@@ -59,6 +65,7 @@ _TRUE = {"1", "true", "yes", "on", "enabled"}
 _EVENT_FORM = frozenset(("numeric", "categorical", "vector"))
 #: candidate lists of plain ids kept with their records (past it, the cache starts over)
 _KNOWN_CANDIDATES = 1024
+_ID = operator.itemgetter("id")
 
 
 @dataclass(frozen=True)
@@ -202,6 +209,8 @@ class Decider:
         settings: the domain's settings (policy, features, reward); default settings if None.
         refresh_interval_s: how often the background thread looks for a newer snapshot.
         spool_path: the local spool file for events while Kafka is unreachable.
+        spool_max_bytes, spool_overflow: the spool's bound, and which events go past it:
+            ``drop_newest`` (new events are refused) or ``drop_oldest``; counted either way.
         seed: seeds the choice draws (same seed and snapshot: same choices).
     """
 
@@ -219,6 +228,7 @@ class Decider:
         refresh_interval_s: float = 5.0,
         spool_path: str | os.PathLike | None = None,
         spool_max_bytes: int = 64 << 20,
+        spool_overflow: str = "drop_newest",
         seed: int | None = None,
         env: Mapping[str, str] | None = None,
         registry: CollectorRegistry | None = None,
@@ -240,6 +250,9 @@ class Decider:
             raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
         self._rng = np.random.default_rng(seed)
         self._validator = Validator(limits or ValidationLimits())
+        self._max_actions = self._validator.max_actions_of(self.settings.max_actions)
+        for name, value in (("tenant", tenant), ("workspace", workspace), ("domain", domain)):
+            self._validator.check_id_size(value, name)
         self._serde_decision = AvroSerde("decision", framing="single_object")
         self._serde_reward = AvroSerde("reward", framing="single_object")
         self._tracker = _Tracker()
@@ -262,6 +275,7 @@ class Decider:
                 kafka_settings,
                 spool_path=path,
                 spool_max_bytes=spool_max_bytes,
+                overflow=spool_overflow,
                 on_spool_depth=self.metrics.spool_depth.labels(domain).set,
             )
         self._stop = threading.Event()
@@ -315,7 +329,9 @@ class Decider:
         started = time.perf_counter()
         ctx = _context_record(context)
         acts = self._action_records(actions)
-        _check_inputs(ctx, acts, self.settings.features.vector_dim)
+        _check_inputs(ctx, acts, self.settings.features.vector_dim, self._max_actions)
+        if event_id:
+            self._validator.check_id_size(event_id, "event_id")
         event_id = event_id or _random_id()
         mode = self.mode
         allowed = self._shield(acts, max_cost, max_latency_ms)
@@ -370,7 +386,10 @@ class Decider:
             "recommended": recommended_index,
         }
         if self._emitter is not None:
-            self._emitter.emit(self.topics.decisions, event_id, self._serde_decision.encode(event))
+            payload = self._serde_decision.encode(event)
+            if len(payload) > self._validator.small_event_bytes:  # too big to prove the sizes
+                _check_sizes(ctx, acts, self._validator)
+            self._emitter.emit(self.topics.decisions, event_id, payload)
         self._remember_arm(event_id, acts[chosen]["id"])
         self._decisions_by_mode[mode].inc()
         self._decide_latency.observe(time.perf_counter() - started)
@@ -470,12 +489,12 @@ class Decider:
         """Wait until every emitted event is acknowledged by Kafka (spool drained)."""
         return self._emitter.flush(timeout) if self._emitter is not None else True
 
-    def close(self, timeout: float = 10.0) -> None:
+    def close(self, timeout: float = 10.0):
+        """Stop; returns the emitter's ``CloseReport`` (what stays in the spool), None without Kafka."""
         self._stop.set()
         if self._refresh_thread is not None:
             self._refresh_thread.join(timeout)
-        if self._emitter is not None:
-            self._emitter.close(timeout)
+        return self._emitter.close(timeout) if self._emitter is not None else None
 
     def __enter__(self) -> "Decider":
         return self
@@ -509,9 +528,13 @@ class Decider:
         try:
             acts = self._known_candidates.get(key)
         except TypeError:  # unhashable: actions with features, recorded afresh
-            return [_action_record(a) for a in key]
+            acts = [_action_record(a) for a in key]
+            if sum(map(len, map(_ID, acts))) > self._validator.short_ids_chars:
+                self._validator.check_id_sizes(list(map(_ID, acts)), "actions[{}].id")
+            return acts
         if acts is None:
             acts = [_action_record(a) for a in key]
+            self._validator.check_id_sizes(list(map(_ID, acts)), "actions[{}].id")
             if all(type(a) is str for a in key):
                 if len(self._known_candidates) >= _KNOWN_CANDIDATES:
                     self._known_candidates.clear()
@@ -535,15 +558,33 @@ def _warm(active: ActivePolicy) -> None:
         active.policy.probabilities(X, arms, rng=0)
 
 
-def _check_inputs(ctx: dict[str, Any], acts: list[dict[str, Any]], vector_dim: int) -> None:
-    """The caller's part of a DecisionEvent, validated at the boundary (the rest is ours)."""
+def _check_inputs(ctx: dict[str, Any], acts: list[dict[str, Any]], vector_dim: int, max_actions: int) -> None:
+    """The caller's part of a DecisionEvent, validated at the boundary (the rest is ours).
+
+    Sizes are checked against the join's limits (:class:`~streams.validation.ValidationLimits`),
+    so what ``decide`` accepts is never dead-lettered for its size: the number of candidates
+    here, their ids when their records are built (once per list of plain ids), the features'
+    sizes in :func:`_check_sizes`.
+    """
     if not acts:
         raise EmptyActions("actions", [], "decide needs at least one candidate")
+    if len(acts) > max_actions:
+        raise TooManyActions("len(actions)", len(acts), f"at most {max_actions} candidates are allowed")
     _check_features("context", ctx, vector_dim)
     for i, act in enumerate(acts):
         features = act["features"]
         if features["numeric"] or features["vector"]:
             _check_features(f"actions[{i}].features", features, 0)
+
+
+def _check_sizes(ctx: dict[str, Any], acts: list[dict[str, Any]], validator: Validator) -> None:
+    """The context's and candidates' features within the size limits; ``decide`` runs this
+    on an event it is about to emit whose encoding is too large to prove them."""
+    validator.check_feature_sizes(ctx)
+    for i, act in enumerate(acts):
+        features = act["features"]
+        if features["numeric"] or features["categorical"] or features["vector"]:
+            validator.check_feature_sizes(features, i)
 
 
 def _check_features(where: str, record: dict[str, Any], vector_dim: int) -> None:

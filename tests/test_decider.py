@@ -12,7 +12,7 @@ import pytest
 
 from banditstream.decider import ActivePolicy, Decider
 from learner.domain import DomainSettings
-from streams.errors import EmptyActions, NonFiniteFeature, WrongDimension
+from streams.errors import EmptyActions, FieldTooLarge, NonFiniteFeature, TooManyActions, WrongDimension
 
 ARMS = ["gpt-small", "gpt-large", "llama-70b", "haiku"]
 SETTINGS = DomainSettings(policy="lin_ucb", params={"alpha": 0.2, "eps0": 0.1}, features={"dimension": 16, "normalize": False})
@@ -128,6 +128,39 @@ def test_bad_input_is_refused_with_the_field_named():
         decider.decide({"tokens": 1.0}, [])
 
 
+def test_input_over_the_size_limits_is_refused_and_nothing_is_emitted(tmp_path):
+    from streams.validation import ValidationLimits
+
+    limits = ValidationLimits(max_id_bytes=64, max_string_bytes=100, max_actions=5, max_features=8)
+    decider = Decider(
+        "routing", kafka="127.0.0.1:1", settings=SETTINGS, limits=limits, spool_path=tmp_path / "spool", seed=1
+    )  # an unreachable broker: what decide emits waits in the spool
+    try:
+        with pytest.raises(FieldTooLarge, match=r"^actions\[1\]\.id is 65 bytes, the limit is 64 \(limits\.max_id_bytes\)"):
+            decider.decide({"tokens": 1.0}, ["a", "b" * 65])
+        with pytest.raises(FieldTooLarge, match=r"^actions\[0\]\.id is 66 bytes"):
+            decider.decide({"tokens": 1.0}, [{"id": "é" * 33, "features": {"cost": 1.0}}])
+        with pytest.raises(FieldTooLarge, match=r"^event_id is 65 bytes"):
+            decider.decide({"tokens": 1.0}, ARMS, event_id="e" * 65)
+        with pytest.raises(TooManyActions, match=r"^len\(actions\) is 6"):
+            decider.decide({"tokens": 1.0}, [f"a{i}" for i in range(6)])
+        with pytest.raises(FieldTooLarge, match=r"^context.categorical\['task'\] is 101 bytes, the limit is 100"):
+            decider.decide({"tokens": 1.0, "task": "t" * 101}, ARMS)
+        with pytest.raises(FieldTooLarge, match=r"^len\(context.numeric\) \+ len\(context.categorical\) is 9"):
+            decider.decide({f"f{i}": 1.0 for i in range(9)}, ARMS)
+        with pytest.raises(FieldTooLarge, match=r"^actions\[1\].features.numeric key 'nnn"):
+            decider.decide({"tokens": 1.0}, [{"id": "a"}, {"id": "b", "features": {"n" * 101: 1.0}}])
+        with pytest.raises(FieldTooLarge, match=r"^signals key 'sss"):
+            decider.reward("e1", {"s" * 101: 1.0})
+        stats = decider._emitter.stats
+        assert stats.sent + stats.spooled == 0  # nothing refused was emitted
+
+        decider.decide({"tokens": 1.0, "task": "t" * 100}, ["a", "b" * 64], event_id="e" * 64)  # at the limits
+        assert stats.sent + stats.spooled == 1
+    finally:
+        decider.close(timeout=0.5)
+
+
 class _SlowSource:
     """A repository whose verification takes as long as the test wants."""
 
@@ -216,3 +249,16 @@ def test_hot_swap_under_hammering_threads_has_no_error_and_no_pause():
     assert np.percentile(after, 90) < 1_000_000, f"p90 {np.percentile(after, 90) / 1e6:.2f} ms over {len(after)} calls"
     assert np.median(after) < 200_000, f"median {np.median(after) / 1e6:.2f} ms over {len(after)} calls"
     assert {v for _, _, v, _ in everything} == {s.version for s in snapshots}  # every snapshot was used
+
+
+def test_the_spool_overflow_policy_is_the_callers_choice(tmp_path):
+    from banditstream.decider import Decider
+
+    decider = Decider("routing", kafka="127.0.0.1:1", spool_path=tmp_path / "d.spool", spool_max_bytes=4096,
+                      spool_overflow="drop_oldest")
+    try:
+        assert decider._emitter.spool.overflow == "drop_oldest"
+    finally:
+        decider.close(timeout=0.5)
+    with pytest.raises(ValueError, match="overflow"):
+        Decider("routing", kafka="127.0.0.1:1", spool_path=tmp_path / "e.spool", spool_overflow="drop_all")
