@@ -1,0 +1,151 @@
+"""Reading the joined log back for evaluation: the updates topic, or Avro files of updates.
+
+:func:`read_updates` reads the updates topic's partitions from given offsets (default: the
+earliest) to the end each partition had when reading reached it (partition EOF events: right on
+every broker, unlike a queried end offset), keeping the updates stamped inside an optional
+decision-time range. :func:`read_update_files` reads Avro container files of UpdateEvents.
+Both return decoded UpdateEvents for :meth:`learner.evaluation.logged.LoggedBandit.from_updates`.
+
+Records that do not decode are counted and skipped (they were dead-lettered when written);
+reading never stops for one.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from datetime import datetime
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import fastavro
+
+import schemas
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
+from confluent_kafka.admin import AdminClient
+
+from streams.errors import DecodeError
+from streams.serde import AvroSerde
+from streams.settings import KafkaSettings
+
+__all__ = ["LogRange", "ReadReport", "read_update_files", "read_updates"]
+
+
+@dataclass(frozen=True)
+class LogRange:
+    """Which part of the log: offsets to start from per partition (default the earliest),
+    and a decision-time range in epoch ms (inclusive since, exclusive until)."""
+
+    start_offsets: Mapping[int, int] | None = None
+    since_ms: int | None = None
+    until_ms: int | None = None
+
+    def keeps(self, update: Mapping[str, Any]) -> bool:
+        t = update["decision_time"]
+        return (self.since_ms is None or t >= self.since_ms) and (self.until_ms is None or t < self.until_ms)
+
+
+@dataclass
+class ReadReport:
+    records: int = 0
+    kept: int = 0
+    undecodable: int = 0
+    out_of_range: int = 0
+    seconds: float = 0.0
+    #: partition -> the next offset after the last record read
+    ends: dict[int, int] = field(default_factory=dict)
+
+
+def read_updates(
+    kafka: KafkaSettings,
+    topic: str,
+    serde: AvroSerde,
+    *,
+    log_range: LogRange = LogRange(),
+    progress: Callable[[int], None] | None = None,
+    timeout_s: float = 600.0,
+) -> tuple[list[dict[str, Any]], ReadReport]:
+    """Every update of ``topic`` in ``log_range``, and what reading found.
+
+    ``progress(records_so_far)`` is called after each fetch. Raises TimeoutError when the
+    partitions are not read to their ends within ``timeout_s``.
+    """
+    started = time.monotonic()
+    partitions = _partitions(kafka, topic)
+    starts = log_range.start_offsets or {}
+    consumer = Consumer(kafka.consumer_config(
+        f"banditstream-evaluate-{uuid.uuid4().hex[:8]}",
+        **{"enable.partition.eof": True, "enable.auto.commit": False, "fetch.max.bytes": 64 << 20},
+    ))  # fmt: skip
+    consumer.assign([TopicPartition(topic, p, starts.get(p, OFFSET_BEGINNING)) for p in partitions])
+    report = ReadReport()
+    kept: list[dict[str, Any]] = []
+    open_partitions = set(partitions)
+    try:
+        while open_partitions:
+            if time.monotonic() - started > timeout_s:
+                raise TimeoutError(f"{topic}: partitions {sorted(open_partitions)} not read to their end in {timeout_s:.0f} s")
+            messages = consumer.consume(10_000, 0.5)
+            values = []
+            for message in messages:
+                error = message.error()
+                if error is not None:
+                    if error.code() == KafkaError._PARTITION_EOF:
+                        open_partitions.discard(message.partition())
+                        report.ends[message.partition()] = message.offset()
+                        continue
+                    if error.fatal():
+                        raise RuntimeError(f"reading {topic}: {error}")
+                    continue
+                values.append(message.value() or b"")
+            report.records += len(values)
+            for update in serde.decode_batch(values):
+                if isinstance(update, DecodeError):
+                    report.undecodable += 1
+                elif log_range.keeps(update):
+                    kept.append(update)
+                else:
+                    report.out_of_range += 1
+            if progress is not None:
+                progress(report.records)
+    finally:
+        consumer.close()
+    report.kept = len(kept)
+    report.seconds = time.monotonic() - started
+    return kept, report
+
+
+def read_update_files(paths: Iterable[str | Path], *, log_range: LogRange = LogRange()) -> tuple[list[dict[str, Any]], ReadReport]:
+    """UpdateEvents from Avro container files (any schema version: fastavro resolves each
+    file's writer schema against the project's current one)."""
+    started = time.monotonic()
+    reader_schema = schemas.parsed("update")
+    report = ReadReport()
+    kept: list[dict[str, Any]] = []
+    for path in paths:
+        with open(path, "rb") as handle:
+            for update in fastavro.reader(handle, reader_schema=reader_schema):
+                report.records += 1
+                for name in _TIMES:  # fastavro gives timestamp-millis as datetimes; the topic's readers give ms
+                    if isinstance(update.get(name), datetime):
+                        update[name] = int(update[name].timestamp() * 1000)
+                if log_range.keeps(update):
+                    kept.append(update)
+                else:
+                    report.out_of_range += 1
+    report.kept = len(kept)
+    report.seconds = time.monotonic() - started
+    return kept, report
+
+
+_TIMES = ("decision_time", "reward_time")
+
+
+def _partitions(kafka: KafkaSettings, topic: str) -> list[int]:
+    metadata = AdminClient(kafka.client_config()).list_topics(timeout=10)
+    info = metadata.topics.get(topic)
+    if info is None or info.error is not None:
+        raise ValueError(f"topic {topic!r} does not exist")
+    return sorted(info.partitions)
