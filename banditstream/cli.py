@@ -14,7 +14,7 @@ import os
 import signal
 import sys
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import typer
 from rich.console import Console
@@ -447,6 +447,98 @@ def replay(
     console.print(f"produced {sent} events to {settings.topics.decisions} and {settings.topics.rewards}")
 
 
+@app.command()
+def evaluate(
+    domain: str = typer.Option(..., "--domain", help="The domain whose log to evaluate on."),
+    log: str = typer.Option("topic", "--log", help="'topic' (the updates topic), 'topic:NAME', or .avro/.jsonl files, comma-separated."),
+    candidates: str = typer.Option(
+        "uniform,logging", "--candidates",
+        help="uniform, logging, always:ARM, snapshot:VERSION|CHANNEL, POLICY(param=v1|v2,...), comma-separated.",
+    ),
+    estimators: str = typer.Option("ips,snips,dr", "--estimators", help="ips, snips, dm, dr, sndr, switch_dr:TAU, dros:LAMBDA, ips:CLIP."),
+    bootstrap: int = typer.Option(0, "--bootstrap", min=0, help="Bootstrap resamples for the intervals (0: the closed-form Gaussian)."),
+    seed: int = typer.Option(0, "--seed", help="Seeds the reward model's folds, Thompson draws and the bootstrap."),
+    level: float = typer.Option(0.95, "--level", min=0.5, max=0.999, help="Interval level."),
+    since: Optional[str] = typer.Option(None, "--since", help="Decisions from this time on (ISO 8601 or epoch ms)."),
+    until: Optional[str] = typer.Option(None, "--until", help="Decisions before this time (ISO 8601 or epoch ms)."),
+    batch_size: int = typer.Option(200, "--batch-size", min=1, help="Rows per learning step of a progressive candidate."),
+    tenant: Optional[str] = TENANT,
+    workspace: Optional[str] = WORKSPACE,
+    json_path: Optional[Path] = typer.Option(None, "--json", help="Write the figures here."),
+    png: Optional[Path] = typer.Option(None, "--png", help="Write a forest plot of the candidates here."),
+) -> None:
+    """Rate candidate policies on a logged domain, off-policy (IPS, SNIPS, DR, ... with intervals)."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from banditstream import evaluate as ev
+    from learner.domain import DomainSettings
+
+    settings = state.settings()
+    tenant, workspace = tenant or settings.tenant, workspace or settings.workspace
+    domain_settings = settings.domains.get(domain) or DomainSettings()
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=err_console, transient=True) as progress:
+
+        def read_topic(name: Optional[str]) -> list[dict]:
+            from streams.evaluation_log import read_updates
+
+            topic = name or settings.topics.updates
+            task = progress.add_task(f"reading {topic}", total=None)
+            config = settings.worker_config()
+            updates, report = read_updates(settings.kafka, topic, config.serde("update", topic=topic),
+                                           progress=lambda n: progress.update(task, completed=n))
+            progress.update(task, total=report.records, completed=report.records)
+            if report.undecodable:
+                err_console.print(f"[yellow]skipped[/] {report.undecodable} records of {topic} that do not decode")
+            return updates
+
+        logged = ev.load_log(log, domain=domain, domain_settings=domain_settings, tenant=tenant, workspace=workspace,
+                             read_topic=read_topic, since_ms=_time_ms(since, "--since"), until_ms=_time_ms(until, "--until"))
+
+        def snapshot(which: str):
+            from publisher.cli_ops import load_snapshot
+
+            channel, version = (which, None) if which in ("stable", "canary") else ("stable", which)
+            snap, _ = load_snapshot(_store(settings), settings.trusted_root_path, domain=domain, tenant=tenant,
+                                    workspace=workspace, channel=channel, version=version)
+            return snap.load_policy(), snap.version
+
+        chosen = ev.parse_candidates(candidates, snapshots=snapshot, batch_size=batch_size, seed=seed)
+        tasks: dict[str, Any] = {}
+
+        def scored(name: str, done: int, total: int) -> None:
+            if name not in tasks:
+                tasks[name] = progress.add_task(f"scoring {name}", total=total)
+            progress.update(tasks[name], completed=done)
+
+        run = ev.evaluate_candidates(
+            logged, chosen, estimators=[e for e in estimators.split(",") if e], method="bootstrap" if bootstrap else "gaussian",
+            level=level, n_resamples=bootstrap or 1000, seed=seed, progress=scored,
+        )  # fmt: skip
+    console.print(ev.results_table(run))
+    if json_path is not None:
+        json_path.write_text(json.dumps(run.to_dict(), indent=2, default=str) + "\n", encoding="utf-8")
+        console.print(f"figures: {json_path}")
+    if png is not None:
+        console.print(f"plot: {ev.forest_plot(run, png)}")
+
+
+def _time_ms(text: Optional[str], flag: str) -> Optional[int]:
+    if text is None:
+        return None
+    if text.isdigit():
+        return int(text)
+    from datetime import datetime, timezone
+
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        raise typer.BadParameter(f"{text!r} is neither epoch ms nor ISO 8601", param_hint=flag) from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=timezone.utc)
+    return int(moment.timestamp() * 1000)
+
+
 # -- entry point --------------------------------------------------------------------------
 
 
@@ -456,7 +548,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     ``kill -USR1 <pid>`` prints every thread's stack to stderr (a stuck worker, a slow stop).
     """
     if hasattr(faulthandler, "register"):  # not on Windows
-        faulthandler.register(signal.SIGUSR1, all_threads=True)
+        try:
+            faulthandler.register(signal.SIGUSR1, all_threads=True)
+        except (OSError, ValueError):  # stderr is no file (embedded, captured): no stack dumps then
+            pass
     try:
         # without standalone mode click hands back a command's typer.Exit code instead of exiting
         code = app(args=argv, standalone_mode=False)

@@ -237,6 +237,30 @@ def verify_snapshots(
     return rows
 
 
+def load_snapshot(
+    store: SnapshotStore,
+    trusted_root: bytes | str | os.PathLike[str],
+    *,
+    domain: str,
+    tenant: str = "default",
+    workspace: str = "main",
+    channel: str = "stable",
+    version: str | None = None,
+) -> tuple[Snapshot, Any]:
+    """One snapshot and its signed target entry, verified as a client verifies them: the head
+    of ``channel``, or a kept ``version``."""
+    root = _root_bytes(trusted_root)
+    with tempfile.TemporaryDirectory(prefix="banditstream-load-") as cache:
+        client = SnapshotClient(store, cache, root, tenant=tenant, workspace=workspace, domain=domain, channel=channel)
+        loaded = client.refresh()
+        snapshot, entry = loaded.snapshot, loaded.target
+        if version is not None and version != loaded.version:
+            repo = _reader(store, tenant, workspace, domain, root)
+            entry = repo.entry(version)
+            snapshot = Snapshot.from_bytes(repo.fetch(entry), expect_major=None)
+    return snapshot, entry
+
+
 def dump_snapshot(
     store: SnapshotStore,
     trusted_root: bytes | str | os.PathLike[str],
@@ -256,14 +280,8 @@ def dump_snapshot(
     the summary beside it as ``.json``: a backup ``restore_snapshots`` reads back.
     """
     root = _root_bytes(trusted_root)
-    with tempfile.TemporaryDirectory(prefix="banditstream-dump-") as cache:
-        client = SnapshotClient(store, cache, root, tenant=tenant, workspace=workspace, domain=domain, channel=channel)
-        loaded = client.refresh()
-        snapshot, entry = loaded.snapshot, loaded.target
-        if version is not None and version != loaded.version:
-            repo = _reader(store, tenant, workspace, domain, root)
-            entry = repo.entry(version)
-            snapshot = Snapshot.from_bytes(repo.fetch(entry), expect_major=None)
+    snapshot, entry = load_snapshot(store, root, domain=domain, tenant=tenant, workspace=workspace, channel=channel,
+                                    version=version)
     summary = snapshot.summary(verbose=verbose)
     summary["channels"] = list(entry.channels)
     summary["sha256"] = entry.sha256
