@@ -11,6 +11,11 @@ random reward model, so every weight is non-zero and every code path runs):
    resamples for IPS, SNIPS and DR (the validation, the terms, the resamples, the percentile
    and the diagnostics). The headline ``bootstrap_1m_s`` is the slowest of the three, reported
    only at the issue's size (1M rows, 1,000 resamples; target: < 10 s).
+4. ``sweep_seconds``: ``banditstream evaluate``'s core on 20 progressive candidates (LinUCB and
+   LinTS over alpha/v x eps0, LinUCB with forgetting) over ``--sweep-rows`` rows (d=16, K=5),
+   IPS, SNIPS and DR with one cross-fitted reward model: ``sweep_20x100k_s`` at 100k rows.
+5. ``read_rate``: updates read back from the embedded broker's topic and decoded
+   (``read_rows_per_s``; target >= 100k rows/s).
 3. ``obp_comparison``: the same estimators from Open Bandit Pipeline on the same arrays (its
    action_dist with a length-1 position axis): each pair's absolute difference (the strongest
    correctness check there is: two independent implementations of the published formulas), OBP's
@@ -91,6 +96,8 @@ class BenchConfig:
     seed: int = 0
     obp: bool = True
     obp_resamples: int = 100
+    sweep_rows: int = 100_000
+    read_rows: int = 200_000
 
 
 def make_log(rows: int, actions: int, seed: int) -> Log:
@@ -220,6 +227,86 @@ def obp_comparison(log: Log, repeats: int, resamples: int, seed: int, progress: 
 # --- report ----------------------------------------------------------------------------------------
 
 
+def sweep_log(rows: int, seed: int, *, actions: int = 5, dim: int = 16):
+    """A logged domain for the sweep: uniform logging over ``actions`` arms, rewards linear in
+    a ``dim``-wide context (a different weight vector per arm) plus noise."""
+    from learner.evaluation import LoggedBandit
+
+    rng = np.random.default_rng(seed)
+    X = np.concatenate([np.ones((rows, 1)), rng.normal(size=(rows, dim - 1))], axis=1)
+    theta = rng.normal(scale=0.3, size=(actions, dim))
+    action = rng.integers(0, actions, rows)
+    reward = (X * theta[action]).sum(axis=1) + rng.normal(scale=0.5, size=rows)
+    arms = [f"arm-{k}" for k in range(actions)]
+    updates = [{"event_id": f"e{i}", "tenant": "default", "workspace": "main", "domain": "bench", "actions": arms,
+                "probabilities": [1 / actions] * actions, "arm_index": int(action[i]), "reward": float(reward[i]),
+                "features": X[i].tolist(), "decision_time": i} for i in range(rows)]
+    return LoggedBandit.from_updates(updates)
+
+
+SWEEP = ("lin_ucb(alpha=0.1|0.3|1|3,eps0=0|0.05),lin_ts(v=0.1|0.3|1|3,eps0=0|0.05),"
+         "lin_ucb(alpha=1,gamma=0.999|0.99,eps0=0.05),lin_ts(v=0.3,gamma=0.999|0.99,eps0=0.05)")
+
+
+def sweep_seconds(rows: int, seed: int, progress: Console) -> tuple[float, int, Any]:
+    """Wall time of ``banditstream evaluate``'s core on a 20-candidate sweep (progressive specs,
+    IPS, SNIPS and DR with one cross-fitted reward model)."""
+    from banditstream.evaluate import evaluate_candidates, parse_candidates
+
+    log = sweep_log(rows, seed)
+    candidates = parse_candidates(SWEEP, snapshots=None, seed=seed)
+    started = time.perf_counter()
+    run = evaluate_candidates(log, candidates, estimators=("ips", "snips", "dr"), seed=seed,
+                              progress=lambda name, done, total: progress.print(f"  {name}", highlight=False)
+                              if done == total else None)
+    return time.perf_counter() - started, len(candidates), run
+
+
+def read_rate(rows: int, seed: int, progress: Console) -> float:
+    """Rows per second of reading the updates topic back (``streams.evaluation_log.read_updates``)
+    from the embedded broker, decoding included."""
+    import tempfile
+    import uuid
+
+    from banditstream.devstack import LocalStack
+    from confluent_kafka import Producer
+    from streams.evaluation_log import read_updates
+    from streams.serde import AvroSerde
+    from streams.settings import KafkaSettings, TopicSettings
+    from streams.topics import ensure_topics
+
+    log = sweep_log(min(rows, 20_000), seed)
+    serde = AvroSerde("update", framing="single_object")
+    base = {"arm": "", "probability": 0.2, "feature_hash": "", "signals": {}, "reward_count": 1, "join_status": "rewarded",
+            "mode": "live", "policy_version": "1.0.0", "reward_time": None, "weight": 1.0}
+    with tempfile.TemporaryDirectory() as tmp, LocalStack(tmp, s3=False) as info:
+        kafka = KafkaSettings(bootstrap_servers=info.kafka_bootstrap, profile=info.kafka_profile)
+        topic = f"bench-{uuid.uuid4().hex[:6]}"
+        ensure_topics(kafka, TopicSettings(decisions=topic + ".d", rewards=topic + ".r", updates=topic + ".u",
+                                           posterior=topic + ".p", deadletter=topic + ".x", partitions=4, update_partitions=4))
+        producer = Producer(kafka.producer_config(**{"linger.ms": 50, "batch.num.messages": 10_000,
+                                                     "queue.buffering.max.messages": 1_000_000}))
+        progress.print(f"producing {rows:,} updates to the embedded broker", highlight=False)
+        for i in range(rows):
+            j = i % len(log)
+            record = {**base, "event_id": f"e{i}", "tenant": "default", "workspace": "main", "domain": "bench",
+                      "actions": log.actions, "probabilities": log.logged_dist[j].tolist(), "arm_index": int(log.action[j]),
+                      "features": log.context[j].tolist(), "reward": float(log.reward[j]), "decision_time": i}
+            while True:
+                try:
+                    producer.produce(topic + ".u", serde.encode(record), key=f"e{i}")
+                    break
+                except BufferError:
+                    producer.poll(0.05)
+        producer.flush(120)
+        started = time.perf_counter()
+        updates, report = read_updates(kafka, topic + ".u", serde)
+        seconds = time.perf_counter() - started
+    if len(updates) != rows:
+        raise RuntimeError(f"read {len(updates)} updates of {rows}")
+    return rows / seconds
+
+
 def tables(
     cfg: BenchConfig, rates: dict[str, float], boot: dict[str, float], peer: ObpComparison | str | None
 ) -> list[Table]:
@@ -289,11 +376,15 @@ def parse_args(argv: Sequence[str] | None = None) -> BenchConfig:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--obp-resamples", type=int, default=100, help="resamples of OBP's (slow) bootstrap")
     parser.add_argument("--no-obp", action="store_true", help="skip the OBP comparison even if obp imports")
-    parser.add_argument("--quick", action="store_true", help="100k rows, 100 resamples, 1 repeat")
+    parser.add_argument("--sweep-rows", type=int, default=100_000, help="rows of the 20-candidate sweep (0: skip)")
+    parser.add_argument("--read-rows", type=int, default=200_000, help="updates read back from the embedded broker (0: skip)")
+    parser.add_argument("--quick", action="store_true", help="100k rows, 100 resamples, 1 repeat, small sweep and read")
     args = parser.parse_args(argv)
-    cfg = BenchConfig(args.rows, args.actions, args.resamples, args.repeats, args.seed, not args.no_obp, args.obp_resamples)
+    cfg = BenchConfig(args.rows, args.actions, args.resamples, args.repeats, args.seed, not args.no_obp, args.obp_resamples,
+                      args.sweep_rows, args.read_rows)
     if args.quick:
         cfg.rows, cfg.resamples, cfg.repeats, cfg.obp_resamples = 100_000, 100, 1, 10
+        cfg.sweep_rows, cfg.read_rows = 5_000, 20_000
     return cfg
 
 
@@ -312,14 +403,36 @@ def main(argv: Sequence[str] | None = None) -> int:
     if cfg.obp:
         progress.print("obp comparison", highlight=False)
         peer = obp_comparison(log, cfg.repeats, cfg.obp_resamples, cfg.seed, progress)
+    sweep = read = None
+    if cfg.sweep_rows:
+        progress.print(f"sweep: 20 candidates over {cfg.sweep_rows:,} rows", highlight=False)
+        sweep = sweep_seconds(cfg.sweep_rows, cfg.seed, progress)
+    if cfg.read_rows:
+        read = read_rate(cfg.read_rows, cfg.seed, progress)
     for table in tables(cfg, rates, boot, peer):
         out.print(table)
+    if sweep is not None:
+        from banditstream.evaluate import results_table
+
+        out.print(results_table(sweep[2]))
+        out.print(f"sweep: {sweep[1]} candidates x {cfg.sweep_rows:,} rows in {sweep[0]:.1f} s")
+    if read is not None:
+        out.print(f"reading the updates topic: {read:,.0f} rows/s ({cfg.read_rows:,} rows)")
     if isinstance(peer, str):
         out.print(f"[yellow]obp comparison skipped:[/] {peer}")
     elif isinstance(peer, ObpComparison) and peer.skipped:
         out.print(f"obp {peer.version} has no counterpart of: {', '.join(peer.skipped)}")
+    misses: list[str] = []
     result = figures(cfg, rates, boot, peer)
-    misses = []
+    if sweep is not None:
+        result["sweep_candidates"], result["sweep_rows"] = sweep[1], cfg.sweep_rows
+        if cfg.sweep_rows == 100_000 and sweep[1] == 20:
+            result["sweep_20x100k_s"] = sweep[0]
+        result["sweep_s"] = sweep[0]
+    if read is not None:
+        result["read_rows_per_s"] = read
+        if read < 100_000:
+            misses.append(f"reading {read:,.0f} rows/s < 100,000")
     if result["estimate_rows_per_s"] < 1_000_000:
         misses.append(f"estimate {result['estimate_rows_per_s']:,.0f} rows/s < 1,000,000")
     if result.get("bootstrap_1m_s", 0.0) >= 10.0:

@@ -77,7 +77,8 @@ def read_updates(
     starts = log_range.start_offsets or {}
     consumer = Consumer(kafka.consumer_config(
         f"banditstream-evaluate-{uuid.uuid4().hex[:8]}",
-        **{"enable.partition.eof": True, "enable.auto.commit": False, "fetch.max.bytes": 64 << 20},
+        **{"enable.partition.eof": True, "enable.auto.commit": False, "fetch.max.bytes": 64 << 20,
+           "max.partition.fetch.bytes": 16 << 20, "queued.max.messages.kbytes": 256 << 10},
     ))  # fmt: skip
     consumer.assign([TopicPartition(topic, p, starts.get(p, OFFSET_BEGINNING)) for p in partitions])
     report = ReadReport()
@@ -87,7 +88,7 @@ def read_updates(
         while open_partitions:
             if time.monotonic() - started > timeout_s:
                 raise TimeoutError(f"{topic}: partitions {sorted(open_partitions)} not read to their end in {timeout_s:.0f} s")
-            messages = consumer.consume(10_000, 0.5)
+            messages = consumer.consume(10_000, 0.1)
             values = []
             for message in messages:
                 error = message.error()
