@@ -24,6 +24,7 @@ from banditstream.config import ConfigError, Settings, load_settings
 from banditstream.demo import DemoError
 from banditstream.devstack import LocalStack, StackError
 from learner.errors import StateDirLocked
+from learner.evaluation.errors import EvaluationError
 from streams.errors import BanditstreamError
 from streams.topics import TopicError, ensure_topics
 from streams.validation import Validator
@@ -44,7 +45,7 @@ console = Console()
 err_console = Console(stderr=True)
 
 DEFAULT_DEV_DIR = ".banditstream/dev"
-EXPECTED_ERRORS = (ConfigError, StackError, TopicError, BanditstreamError, DemoError, StateDirLocked)
+EXPECTED_ERRORS = (ConfigError, StackError, TopicError, BanditstreamError, DemoError, StateDirLocked, EvaluationError)
 DEMO_DOMAINS = ("llm_routing", "support_templates")
 
 

@@ -25,34 +25,19 @@ from __future__ import annotations
 
 import itertools
 import re
-import time
-import warnings
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 
 from learner.domain import DomainSettings
-from learner.evaluation import (
-    ESTIMATORS,
-    AlwaysArm,
-    Candidate,
-    Estimate,
-    Fixed,
-    LoggedBandit,
-    Logging,
-    Progressive,
-    Uniform,
-    cross_fit,
-    evaluate,
-    make_estimator,
-)
+from learner.evaluation import AlwaysArm, Candidate, Fixed, LoggedBandit, Logging, Progressive, Uniform
+from learner.evaluation.run import CandidateResult, Evaluation, evaluate_candidates
 from learner.features import FeatureEncoder
 from streams.errors import BanditstreamError
 
 __all__ = [
+    "CandidateResult",
     "Evaluation",
     "EvaluationInputError",
     "evaluate_candidates",
@@ -61,10 +46,6 @@ __all__ = [
     "parse_candidates",
     "results_table",
 ]
-
-#: estimators that need the reward model's predictions
-_MODEL_BASED = {"dm", "dr", "sndr", "switch_dr", "dros"}
-
 
 class EvaluationInputError(BanditstreamError):
     """A candidate spec, estimator name or log source that cannot be used (one line)."""
@@ -243,103 +224,7 @@ def parse_candidates(
     return out
 
 
-# -- 3. estimates --------------------------------------------------------------------------
-
-
-@dataclass
-class CandidateResult:
-    name: str
-    estimates: dict[str, Estimate]
-    seconds: float
-
-
-@dataclass
-class Evaluation:
-    scope: tuple[str, str, str]
-    rows: int
-    actions: list[str]
-    on_policy_value: float
-    results: list[CandidateResult]
-    estimators: list[str]
-    seconds: dict[str, float] = field(default_factory=dict)
-
-    def ranked(self, estimator: str | None = None) -> list[CandidateResult]:
-        """Candidates by their estimate (best first) under ``estimator`` (default the first)."""
-        name = estimator or self.estimators[0]
-        return sorted(self.results, key=lambda r: -r.estimates[name].estimate)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "tenant": self.scope[0], "workspace": self.scope[1], "domain": self.scope[2], "rows": self.rows,
-            "actions": self.actions, "on_policy_value": self.on_policy_value, "estimators": self.estimators,
-            "candidates": [{"name": r.name, "seconds": round(r.seconds, 3),
-                            "estimates": {k: e.to_dict() for k, e in r.estimates.items()}} for r in self.ranked()],
-            "seconds": self.seconds,
-        }  # fmt: skip
-
-
-def evaluate_candidates(
-    log: LoggedBandit,
-    candidates: Sequence[Candidate],
-    *,
-    estimators: Sequence[str] = ("ips", "snips", "dr"),
-    method: str = "gaussian",
-    level: float = 0.95,
-    n_resamples: int = 1000,
-    seed: int = 0,
-    progress: Callable[[str, int, int], None] | None = None,
-) -> Evaluation:
-    """Every candidate under every estimator, on the same rows (see the module's doc).
-    ``progress(candidate_name, rows_done, rows)`` while each candidate is scored."""
-    built = {spec: _estimator(spec) for spec in estimators}
-    if not built:
-        raise EvaluationInputError("no estimator given")
-    seconds: dict[str, float] = {}
-    started = time.monotonic()
-    q = None
-    if _MODEL_BASED & {spec.partition(":")[0] for spec in estimators}:
-        q = cross_fit(None, log.context, log.action, log.reward, n_actions=log.n_actions, random_state=seed)
-    seconds["reward_model"] = time.monotonic() - started
-    results = []
-    for candidate in candidates:
-        began = time.monotonic()
-        dist = candidate.action_dist(log, None if progress is None else lambda done, c=candidate: progress(c.name, done, len(log)))
-        if progress is not None:
-            progress(candidate.name, len(log), len(log))
-        estimates = {}
-        for name in estimators:
-            with warnings.catch_warnings(record=True):  # kept in each Estimate's own warnings
-                warnings.simplefilter("always")
-                estimates[name] = evaluate(
-                    built[name], log.reward, log.action, log.pscore, dist,
-                    q if name.partition(":")[0] in _MODEL_BASED else None, method=method, level=level, n_resamples=n_resamples,
-                    random_state=seed,
-                )  # fmt: skip
-        results.append(CandidateResult(candidate.name, estimates, time.monotonic() - began))
-    seconds["total"] = time.monotonic() - started
-    return Evaluation(log.scope, len(log), list(log.actions), float(log.reward.mean()), results, list(estimators), seconds)
-
-
-#: the one parameter an estimator spec ``name:value`` sets
-_ESTIMATOR_PARAM = {"ips": "clip", "dr": "clip", "switch_dr": "tau", "dros": "shrinkage"}
-
-
-def _estimator(spec: str):
-    """``ips``, ``ips:50`` (clipped at 50), ``switch_dr:20``, ``dros:10``, ... by registry name."""
-    name, _, value = spec.partition(":")
-    if name not in ESTIMATORS:
-        raise EvaluationInputError(f"unknown estimator {name!r}; known: {', '.join(sorted(ESTIMATORS))}")
-    params = {}
-    if value:
-        if name not in _ESTIMATOR_PARAM:
-            raise EvaluationInputError(f"estimator {name!r} takes no parameter, got {spec!r}")
-        params[_ESTIMATOR_PARAM[name]] = _value(value)
-    elif name == "dros":
-        raise EvaluationInputError("estimator 'dros' needs its shrinkage: dros:LAMBDA (e.g. dros:10)")
-    try:
-        return make_estimator(name, **params)
-    except (TypeError, ValueError) as exc:
-        raise EvaluationInputError(f"estimator {spec!r}: {exc}") from None
+# -- 3. estimates: learner.evaluation.run -------------------------------------------------
 
 
 # -- 4. reports ----------------------------------------------------------------------------
