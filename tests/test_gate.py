@@ -1,0 +1,116 @@
+"""The promotion gate on a real signed repository (directory store, real Ed25519 keys) and a
+log with a known truth: a canary whose arm means are learned wrong is rolled back by itself,
+a better one is promoted, and a client pulling the channels follows each change."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+from learner.domain import DomainSettings
+from publisher.gate import Gate, GateConfig, GateMetrics
+from publisher.guards import GuardConfig
+from publisher.publish import Publisher, PublisherConfig
+from publisher.pull import SnapshotClient
+from publisher.stores import DirectoryStore
+
+DIM = 4
+ARMS = ["a", "b", "c"]
+THETA = np.array([[0.2, 0.5, 0.0, 0.0], [0.2, -0.5, 0.0, 0.0], [0.3, 0.0, 0.0, 0.0]])  # the best arm depends on x1
+
+
+def settings() -> DomainSettings:
+    return DomainSettings(policy="lin_ucb", params={"alpha": 0.1, "eps0": 0.05, "seed": 1}, features={"dimension": DIM})
+
+
+def contexts(n: int, seed: int) -> np.ndarray:
+    X = np.random.default_rng(seed).normal(size=(n, DIM))
+    X[:, 0] = 1.0
+    return X
+
+
+def trained(theta: np.ndarray, seed: int, n: int = 3000):
+    """A policy that learned from uniform traffic whose arms pay ``x . theta[arm]``."""
+    policy = settings().make_policy()
+    rng = np.random.default_rng(seed)
+    X = contexts(n, seed)
+    arms = rng.integers(0, 3, n)
+    policy.update_batch(X, [ARMS[a] for a in arms], (X * theta[arms]).sum(axis=1) + rng.normal(0, 0.1, n))
+    return policy
+
+
+def uniform_log(n: int, seed: int, since_ms: int) -> list[dict]:
+    """Live decisions logged by a uniform policy since ``since_ms``, rewarded by the truth."""
+    rng = np.random.default_rng(seed)
+    X = contexts(n, seed + 100)
+    arms = rng.integers(0, 3, n)
+    rewards = (X * THETA[arms]).sum(axis=1) + rng.normal(0, 0.1, n)
+    return [{"event_id": f"g{seed}-{i}", "tenant": "default", "workspace": "main", "domain": "route", "actions": ARMS,
+             "probabilities": [1 / 3] * 3, "arm_index": int(arms[i]), "reward": float(rewards[i]), "features": X[i].tolist(),
+             "decision_time": since_ms + 1 + i, "policy_version": "1.0.0", "mode": "live", "join_status": "rewarded"}
+            for i in range(n)]
+
+
+@pytest.fixture
+def repo(tmp_path, keys, root):
+    store = DirectoryStore(tmp_path / "repo")
+    config = PublisherConfig(guards=GuardConfig(min_samples=1, drift_warmup=0), channels=("canary",))
+    return store, Publisher(store, keys, root, domains={"route": settings()}, config=config)
+
+
+def test_a_worse_canary_is_rolled_back_a_better_one_promoted_and_a_client_follows(repo, tmp_path, root):
+    store, publisher = repo
+    publisher.publish("route", trained(THETA * np.array([[1, 0, 1, 1]]), seed=1), channels=("canary", "stable"))  # mediocre: no x1
+    stable_client = SnapshotClient(store, tmp_path / "cache-stable", root, domain="route", channel="stable")
+    canary_client = SnapshotClient(store, tmp_path / "cache-canary", root, domain="route", channel="canary")
+    assert stable_client.refresh().version == "1.0.0"
+    log: list[dict] = []
+    metrics = GateMetrics()
+    gate = Gate(publisher, lambda domain, since: [u for u in log if u["decision_time"] >= since], metrics=metrics)
+    config = GateConfig(min_events=2000, estimator="snips", tolerated_regression=0.02)
+
+    worse = publisher.publish("route", trained(-THETA, seed=2))  # learned upside down: picks the worst arm
+    assert canary_client.refresh().version == worse.version
+    decision = gate.run("route", config)
+    assert decision.action == "wait" and "0 of 2000" in decision.reason
+    log += uniform_log(4000, seed=3, since_ms=worse.snapshot.created_at)
+    decision = gate.run("route", config)
+    assert decision.action == "rollback", decision.reason
+    assert decision.canary.upper < decision.stable.estimate - 0.02
+    back = canary_client.refresh()  # the client moves forward, to the stable's state
+    assert back.version == decision.committed and back.version not in ("1.0.0", worse.version)
+    assert stable_client.refresh().version == "1.0.0"
+    assert gate.run("route", config).action == "nothing"  # the canary carries the stable's state
+
+    better = publisher.publish("route", trained(THETA, seed=4))
+    log += uniform_log(4000, seed=5, since_ms=better.snapshot.created_at)
+    decision = gate.run("route", config)
+    assert decision.action == "promote", decision.reason
+    assert decision.canary.lower > decision.stable.estimate
+    assert metrics.rows.labels("route")._value.get() == decision.rows >= 4000
+    assert metrics.estimate.labels("route", "canary", "lower")._value.get() == decision.canary.lower
+    assert stable_client.refresh().version == better.version == decision.committed
+    assert gate.run("route", config).action == "nothing"
+    assert metrics.decisions.labels("route", "promote")._value.get() == 1
+    assert metrics.decisions.labels("route", "rollback")._value.get() == 1
+
+
+def test_overlapping_intervals_wait_and_say_why(repo):
+    store, publisher = repo
+    publisher.publish("route", trained(THETA, seed=1), channels=("canary", "stable"))
+    twin = publisher.publish("route", trained(THETA, seed=2))  # as good as stable
+    log = uniform_log(3000, seed=6, since_ms=twin.snapshot.created_at)
+    decision = Gate(publisher, lambda domain, since: log).run("route", GateConfig(min_events=1000, margin=0.05))
+    assert decision.action == "wait" and "no verdict at 95%" in decision.reason
+    assert decision.to_dict()["canary"]["estimator"] == "snips"
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("estimator", "magic", "unknown estimator"), ("level", 1.2, "level"), ("interval", "guess", "interval"),
+    ("margin", -1.0, "margin"), ("min_events", 0, "min_events"),
+])
+def test_a_bad_gate_setting_is_refused_by_name(field, value, message):
+    with pytest.raises(Exception, match=message):
+        GateConfig(**{field: value})
