@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test bench venv deploy-tools clean
+.PHONY: demo test bench soak venv deploy-tools clean
 
 demo: $(STAMP)  ## run the main job on the embedded default stack
 	$(BIN)/banditstream demo $(ARGS)
@@ -17,6 +17,9 @@ bench: $(STAMP)  ## run the benchmarks; each prints a table and a final JSON lin
 	$(BIN)/python benchmarks/learner.py
 	$(BIN)/python benchmarks/snapshot.py
 	$(BIN)/python benchmarks/pipeline.py
+
+soak: $(STAMP)  ## a bounded chaos run: 15 min, 30 faults, 100,000 fuzzed bad records (not part of `make test`)
+	$(BIN)/python benchmarks/soak.py $(ARGS)
 
 venv: $(STAMP)
 

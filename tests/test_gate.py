@@ -4,7 +4,6 @@ a better one is promoted, and a client pulling the channels follows each change.
 
 from __future__ import annotations
 
-import time
 
 import numpy as np
 import pytest
