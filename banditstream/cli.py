@@ -376,6 +376,44 @@ def snapshot_rollback(
         console.print(row["message"], highlight=False)
 
 
+@snapshot_app.command("gate")
+def snapshot_gate(
+    domain: str = typer.Option(..., "--domain", help="The domain whose canary to judge."),
+    tenant: Optional[str] = TENANT,
+    workspace: Optional[str] = WORKSPACE,
+    json_path: Optional[Path] = typer.Option(None, "--json", help="Write the decision and its figures here."),
+) -> None:
+    """Run the promotion gate once: promote the canary on evidence, roll it back when it is worse, or wait and say why."""
+    from learner.domain import DomainSettings
+    from publisher.cli_ops import load_keys
+    from publisher.gate import Gate, GateConfig
+    from publisher.publish import Publisher
+    from streams.evaluation_log import LogRange, read_updates
+
+    settings = state.settings()
+    tenant, workspace = tenant or settings.tenant, workspace or settings.workspace
+    domain_settings = settings.domains.get(domain) or DomainSettings()
+    keys, root = load_keys(settings.publish.keys_dir)
+    publisher = Publisher(_store(settings), keys, root, domains={domain: domain_settings}, tenant=tenant, workspace=workspace,
+                          config=_publisher_config(settings))
+    topic = settings.topics.updates
+    serde = settings.worker_config().serde("update", topic=topic)
+
+    def read_log(name: str, since_ms: int) -> list[dict]:
+        with err_console.status(f"reading {topic} since {since_ms}"):
+            updates, _ = read_updates(settings.kafka, topic, serde, log_range=LogRange(since_ms=since_ms))
+        return [u for u in updates if u["domain"] == name]
+
+    decision = Gate(publisher, read_log).run(domain, GateConfig.from_settings(getattr(domain_settings, "promotion", {})))
+    table = Table("domain", "action", "stable", "canary", "rows", "canary rows", title="promotion gate")
+    table.add_row(domain, decision.action, decision.stable_version or "-", decision.canary_version or "-",
+                  f"{decision.rows:,}", f"{decision.canary_rows:,}")
+    console.print(table)
+    console.print(decision.reason, highlight=False)
+    if json_path is not None:
+        json_path.write_text(json.dumps(decision.to_dict(), indent=2, default=str) + "\n", encoding="utf-8")
+
+
 # -- the main job -------------------------------------------------------------------------
 
 

@@ -113,3 +113,41 @@ def test_overlapping_intervals_wait_and_say_why(repo):
 def test_a_bad_gate_setting_is_refused_by_name(field, value, message):
     with pytest.raises(Exception, match=message):
         GateConfig(**{field: value})
+
+
+def test_snapshot_gate_reads_the_updates_topic_and_rolls_a_worse_canary_back(kafka, topics, tmp_path, capsys):
+    """`banditstream snapshot gate` once, on the real broker: the log is the updates topic."""
+    import json
+
+    from banditstream.cli import main
+    from publisher import cli_ops
+    from streams.serde import AvroSerde
+    from streams.topics import ensure_topics
+    from tests.learn_helpers import produce
+
+    ensure_topics(kafka, topics)
+    cli_ops.generate_keys(tmp_path / "keys")
+    keys, root = cli_ops.load_keys(tmp_path / "keys")
+    store = DirectoryStore(tmp_path / "snapshots")
+    config = PublisherConfig(guards=GuardConfig(min_samples=1, drift_warmup=0), channels=("canary",))
+    publisher = Publisher(store, keys, root, domains={"route": settings()}, config=config)
+    publisher.publish("route", trained(THETA * np.array([[1, 0, 1, 1]]), seed=1), channels=("canary", "stable"))
+    worse = publisher.publish("route", trained(-THETA, seed=2))
+    serde = AvroSerde("update", framing="single_object")
+    extra = {"arm": "", "probability": 1 / 3, "feature_hash": "", "signals": {}, "reward_count": 1, "reward_time": None,
+             "weight": 1.0}
+    log = uniform_log(3000, seed=3, since_ms=worse.snapshot.created_at)
+    produce(kafka, topics.updates, [(u["event_id"], serde.encode({**extra, **u})) for u in log])
+    path = tmp_path / "banditstream.json"
+    path.write_text(json.dumps({
+        "kafka": kafka.model_dump(), "topics": topics.model_dump(),
+        "stores": {"snapshots": str(tmp_path / "snapshots"), "state_dir": str(tmp_path / "state")},
+        "publish": {"keys_dir": str(tmp_path / "keys"), "channels": ["canary"], "min_samples": 1},
+        "domains": {"route": settings().model_dump(mode="json")},
+    }))
+    out = tmp_path / "gate.json"
+    assert main(["--config", str(path), "snapshot", "gate", "--domain", "route", "--json", str(out)]) == 0
+    decision = json.loads(out.read_text())
+    assert decision["action"] == "rollback" and decision["rows"] == 3000, decision["reason"]
+    assert "rollback" in capsys.readouterr().out
+    assert publisher.repository("route").channel_head("canary").custom["derived_from"] == "1.0.0"
