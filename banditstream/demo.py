@@ -259,6 +259,7 @@ class _Demo:
                     decider.flush(30)
                 self._await_dead_letters(live, deciders)
             summary = self._summary(deciders)
+            summary["evaluation"] = self._evaluate(sources)
         finally:
             for decider in deciders.values():
                 decider.close(timeout=5)
@@ -417,6 +418,28 @@ class _Demo:
             "seconds": round(time.monotonic() - self.started, 1),
         }
 
+    def _evaluate(self, sources: dict[str, PulledSnapshots]) -> dict[str, Any]:
+        """Off-policy, from the joined log read back from the updates topic: the last snapshot
+        each SDK held against uniform random and the logging policies (SNIPS and DR, 95%)."""
+        from learner.evaluation import Fixed, LoggedBandit, Logging, Uniform
+        from learner.evaluation.run import evaluate_candidates
+        from streams.evaluation_log import read_updates
+        from streams.serde import AvroSerde
+
+        with self.console.status("evaluating the learned policies on the logged decisions…"):
+            updates, _ = read_updates(self.kafka, self.topics.updates, AvroSerde("update", framing="single_object"))
+            out: dict[str, Any] = {}
+            for name, source in sources.items():
+                held = source.latest()
+                log = LoggedBandit.from_updates(updates, domain=name)
+                candidates = [Uniform(), Logging()]
+                if held is not None and not held.policy.shared:
+                    candidates.append(Fixed(held.policy, "learned", seed=self.o.seed))
+                run = evaluate_candidates(log, candidates, estimators=("snips", "dr"), seed=self.o.seed)
+                out[name] = {"rows": len(log), "snapshot": held.version if held is not None else None,
+                             **{r.name: {e: est.to_dict() for e, est in r.estimates.items()} for r in run.results}}
+        return out
+
     def _print(self, summary: dict[str, Any]) -> None:
         p = summary["pipeline"]
         table = Table("figure", "value", title="pipeline")
@@ -436,6 +459,15 @@ class _Demo:
         rewards.add_row("[bold]mean[/]", f"{summary['learned_reward']:.3f}", f"{summary['random_reward']:.3f}",
                         f"{summary['oracle_reward']:.3f}", f"{summary['gain_ratio']:.0%}", "")  # fmt: skip
         self.console.print(rewards)
+        evaluation = Table("domain", "policy", "SNIPS", "95% interval", "DR", title="off-policy, from the updates topic")
+        for name, figures in summary.get("evaluation", {}).items():
+            for candidate in ("learned", "logging", "uniform"):
+                if candidate in figures:
+                    snips, dr = figures[candidate]["snips"], figures[candidate]["dr"]
+                    label = f"learned {figures['snapshot']}" if candidate == "learned" else candidate
+                    evaluation.add_row(name if candidate == "learned" else "", label, f"{snips['estimate']:.3f}",
+                                       f"{snips['lower']:.3f}-{snips['upper']:.3f}", f"{dr['estimate']:.3f}")
+        self.console.print(evaluation)
 
     def _plot(self, path: Path) -> None:
         import matplotlib

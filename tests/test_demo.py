@@ -55,6 +55,13 @@ def test_demo_learns_a_clear_margin_over_random_and_leaves_nothing_running(tmp_p
     assert pipeline["late_rewards"] == pipeline["rewards_sent_late"] > 0
     assert plot.stat().st_size > 10_000 and plot.read_bytes()[:4] == b"\x89PNG"
     assert "reward over the last quarter" in run.stdout
+    # off-policy, from the log read back from the updates topic: the learned snapshot is rated
+    # above uniform random with an interval that excludes uniform's value
+    for name, figures in summary["evaluation"].items():
+        assert figures["rows"] > 1000 and figures["snapshot"] is not None
+        for estimator in ("snips", "dr"):
+            assert figures["learned"][estimator]["lower"] > figures["uniform"][estimator]["estimate"], (name, figures)
+    assert "off-policy, from the updates topic" in run.stdout
     assert _processes_under(work) == []
 
 
