@@ -70,6 +70,7 @@ def _root(
 ) -> None:
     state.config_path = config
     state.verbose = verbose
+    state._settings = None  # loaded afresh for each invocation (main() may be called more than once)
 
 
 # -- dev ----------------------------------------------------------------------------------

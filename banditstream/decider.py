@@ -7,19 +7,29 @@
     ...                                   # act on d.action
     decider.reward(d.event_id, {"success": 1.0, "latency_ms": 950.0, "cost_usd": 0.002})
 
+    # A tenth of the users decide with the canary channel's snapshot while the gate weighs it:
+    decider = Decider("llm_routing", repository=stable_client, canary_repository=canary_client, canary_share=0.1)
+    d = decider.decide(context, actions, unit_key=user_id)      # d.channel: "stable" or "canary"
+
 What ``decide`` does, in order (microseconds; no network, no locks on the hot path):
 
 1. **Mode.** ``off`` (the baseline acts), ``shadow`` (the policy recommends, the baseline
    acts) or ``live``; from ``ENABLE_RL_GLOBAL`` / ``ENABLE_RL_<DOMAIN>`` in the environment,
    then the ``mode`` argument, then the domain's settings.
-2. **Shields.** Candidates whose tracked cost or p95 latency exceeds the caller's budget are
+2. **Channel.** With a canary snapshot held (``canary_repository``) that differs from the
+   stable one, the decision goes to the canary when ``stable_hash(unit_key or event_id) <
+   canary_share``: a unit (user, session) keeps its channel across decisions and processes.
+   Otherwise, and always when ``canary_share`` is 0, the stable channel decides. Everything
+   below is the same on both channels; the event logs the channel, and the version of the
+   snapshot that decided (empty when the baseline acted).
+3. **Shields.** Candidates whose tracked cost or p95 latency exceeds the caller's budget are
    dropped before choosing (costs and latencies are tracked from the signals passed to
    :meth:`reward` and :meth:`observe`).
-3. **Snapshot.** The policy of the newest verified snapshot, swapped in atomically by a
-   background refresh. No snapshot, an expired one, or one whose drift flag is set: the
+4. **Snapshot.** The policy of the channel's newest verified snapshot, swapped in atomically
+   by a background refresh. No snapshot, an expired one, or one whose drift flag is set: the
    baseline decides and the fallback is counted by reason.
-4. **Choice.** The policy's full distribution (exploration floor included) and a draw.
-5. **Emit.** The DecisionEvent goes to Kafka without waiting (delivery callbacks), or to the
+5. **Choice.** The policy's full distribution (exploration floor included) and a draw.
+6. **Emit.** The DecisionEvent goes to Kafka without waiting (delivery callbacks), or to the
    local spool while Kafka is unreachable. An event the join would dead-letter for its size
    (:class:`~streams.validation.ValidationLimits`) is refused instead: ``decide`` raises
    :class:`~streams.errors.FieldTooLarge` or :class:`~streams.errors.TooManyActions` and
@@ -32,6 +42,8 @@ The baseline is the first remaining candidate.
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import logging
 import math
 import operator
@@ -60,6 +72,9 @@ log = logging.getLogger(__name__)
 
 Mode = Literal["live", "shadow", "off"]
 MODES = ("live", "shadow", "off")
+#: snapshot channels a decision can be routed to (the DecisionEvent's ``channel``)
+CHANNELS = ("stable", "canary")
+_STABLE, _CANARY = CHANNELS
 _FALSE = {"0", "false", "no", "off", "disabled"}
 _TRUE = {"1", "true", "yes", "on", "enabled"}
 _EVENT_FORM = frozenset(("numeric", "categorical", "vector"))
@@ -147,6 +162,8 @@ class Decision:
     #: the policy's pick in shadow mode (the baseline acted); None otherwise
     recommended: str | None = None
     fallback: str | None = None
+    #: the snapshot channel the decision was routed to: ``stable`` or ``canary``
+    channel: str = _STABLE
 
 
 class _Tracker:
@@ -177,18 +194,28 @@ class _Tracker:
 
 
 class DeciderMetrics:
+    """The SDK's Prometheus metrics; every series names the snapshot channel (stable, canary)."""
+
     def __init__(self, registry: CollectorRegistry | None = None):
         self.registry = registry or CollectorRegistry()
         r = self.registry
-        self.decisions = Counter("banditstream_sdk_decisions", "Decisions made, by domain and mode.", ["domain", "mode"], registry=r)
-        self.fallbacks = Counter("banditstream_sdk_fallbacks", "Baseline decisions, by reason.", ["domain", "reason"], registry=r)
+        self.decisions = Counter(
+            "banditstream_sdk_decisions", "Decisions made, by domain, mode and channel.", ["domain", "mode", "channel"], registry=r
+        )
+        self.fallbacks = Counter(
+            "banditstream_sdk_fallbacks", "Baseline decisions, by reason and channel.", ["domain", "reason", "channel"], registry=r
+        )
         self.snapshot_version = Gauge(
-            "banditstream_sdk_snapshot_info", "The snapshot in use (value 1; version as a label).", ["domain", "version"], registry=r
+            "banditstream_sdk_snapshot_info", "The snapshot in use per channel (value 1; version as a label).",
+            ["domain", "channel", "version"], registry=r,
+        )  # fmt: skip
+        self.snapshot_age = Gauge(
+            "banditstream_sdk_snapshot_age_seconds", "Age of the snapshot in use, per channel.", ["domain", "channel"], registry=r
         )
-        self.snapshot_age = Gauge("banditstream_sdk_snapshot_age_seconds", "Age of the snapshot in use.", ["domain"], registry=r)
         self.verification_failures = Counter(
-            "banditstream_sdk_verification_failures", "Snapshots refused, by kind.", ["domain", "kind"], registry=r
-        )
+            "banditstream_sdk_verification_failures", "Snapshots refused, by channel and kind.", ["domain", "channel", "kind"],
+            registry=r,
+        )  # fmt: skip
         self.spool_depth = Gauge("banditstream_sdk_spool_depth", "Events waiting in the local spool.", ["domain"], registry=r)
         self.decide_latency = Histogram(
             "banditstream_sdk_decide_seconds", "Time spent in decide().", ["domain"], registry=r,
@@ -201,8 +228,13 @@ class Decider:
 
     Parameters:
         domain: the decision point's name.
-        repository: a :class:`SnapshotSource` (e.g. ``publisher.pull`` client adapter);
-            None runs on the baseline only.
+        repository: a :class:`SnapshotSource`, or a ``publisher.SnapshotClient`` (wrapped in
+            :class:`PulledSnapshots`); None runs on the baseline only.
+        canary_repository: the same for the canary channel's snapshots (e.g. a
+            ``SnapshotClient(channel="canary")`` with its own ``cache_dir``); refreshed by
+            the same background thread and swapped in the same way. None: no canary.
+        canary_share: the share of units routed to the canary, in [0, 1); default the
+            domain's ``settings.promotion.canary_share``.
         kafka: where to emit events (``KafkaSettings`` or a bootstrap string); None emits
             nothing (offline use, tests).
         mode: ``live``, ``shadow`` or ``off``; environment switches override it.
@@ -235,6 +267,8 @@ class Decider:
         limits: ValidationLimits | None = None,
         remember_decisions: int = 100_000,
         clock: Callable[[], float] = time.time,
+        canary_repository: SnapshotSource | None = None,
+        canary_share: float | None = None,
     ):
         self.domain = domain
         self.tenant = tenant
@@ -256,15 +290,18 @@ class Decider:
         self._serde_decision = AvroSerde("decision", framing="single_object")
         self._serde_reward = AvroSerde("reward", framing="single_object")
         self._tracker = _Tracker()
-        self._decisions_by_mode = {m: self.metrics.decisions.labels(domain, m) for m in MODES}
+        self._decisions = {c: {m: self.metrics.decisions.labels(domain, m, c) for m in MODES} for c in CHANNELS}
         self._decide_latency = self.metrics.decide_latency.labels(domain)
         self._recent: OrderedDict[str, str] = OrderedDict()  # event_id -> acted arm, for cost tracking
         self._known_candidates: dict[tuple[str, ...], list[dict[str, Any]]] = {}
         self._remember = remember_decisions
         self._active: ActivePolicy | None = None
-        if repository is not None and not hasattr(repository, "latest") and hasattr(repository, "refresh"):
-            repository = PulledSnapshots(repository)  # a publisher.SnapshotClient
-        self._repository = repository
+        self._canary: ActivePolicy | None = None
+        self.canary_share = self.settings.promotion.canary_share if canary_share is None else canary_share
+        if getattr(canary_repository, "channel", _CANARY) != _CANARY:
+            raise ValueError(f"canary_repository follows the {canary_repository.channel!r} channel; give it channel='canary'")
+        self._repository = _source(repository)
+        self._canary_repository = _source(canary_repository)
         self._emitter = None
         if kafka is not None:
             from banditstream.emitter import EventEmitter
@@ -280,8 +317,8 @@ class Decider:
             )
         self._stop = threading.Event()
         self._refresh_thread = None
-        if repository is not None:
-            self.refresh()  # first snapshot synchronously, so decide() starts informed
+        if self._repository is not None or self._canary_repository is not None:
+            self.refresh()  # first snapshots synchronously, so decide() starts informed
             self._refresh_thread = threading.Thread(
                 target=self._refresh_loop, args=(refresh_interval_s,), name=f"banditstream-refresh-{domain}", daemon=True
             )
@@ -308,8 +345,26 @@ class Decider:
 
     @property
     def policy_version(self) -> str:
+        """The stable snapshot's version; empty without one."""
         active = self._active
         return active.version if active is not None else ""
+
+    @property
+    def canary_version(self) -> str:
+        """The canary snapshot's version; empty without one."""
+        canary = self._canary
+        return canary.version if canary is not None else ""
+
+    @property
+    def canary_share(self) -> float:
+        """The share of units routed to the canary snapshot (while one is held)."""
+        return self._canary_share
+
+    @canary_share.setter
+    def canary_share(self, share: float) -> None:
+        if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0.0 <= share < 1.0:
+            raise ValueError(f"canary_share must be a number in [0, 1), got {share!r}")
+        self._canary_share = float(share)
 
     def decide(
         self,
@@ -317,6 +372,7 @@ class Decider:
         actions: Sequence[str | Mapping[str, Any]],
         event_id: str | None = None,
         *,
+        unit_key: str | None = None,
         max_cost: float | None = None,
         max_latency_ms: float | None = None,
     ) -> Decision:
@@ -324,7 +380,8 @@ class Decider:
 
         ``context``: ``{name: number | string | list}`` (numbers are numeric features, strings
         categorical, a list the dense vector) or the event form ``{numeric, categorical,
-        vector}``. ``actions``: ids, or ``{"id": ..., "features": {...}}``.
+        vector}``. ``actions``: ids, or ``{"id": ..., "features": {...}}``. ``unit_key``:
+        what keeps a channel (a user or session id); without it each event id is its own unit.
         """
         started = time.perf_counter()
         ctx = _context_record(context)
@@ -334,12 +391,20 @@ class Decider:
             self._validator.check_id_size(event_id, "event_id")
         event_id = event_id or _random_id()
         mode = self.mode
-        allowed = self._shield(acts, max_cost, max_latency_ms)
+        active = self._active
+        channel = _STABLE
+        if self._canary_share:  # 0.0 without canary traffic: one test, nothing more
+            canary = self._canary
+            if canary is not None and (active is None or canary.version != active.version):
+                if unit_key is not None and type(unit_key) is not str:
+                    raise TypeError(f"unit_key must be a str, got {type(unit_key).__name__}")
+                if stable_hash(unit_key or event_id) < self._canary_share:
+                    active, channel = canary, _CANARY
+        allowed = self._shield(acts, max_cost, max_latency_ms, channel)
         fallback = None
         recommended_index = -1
         probabilities = [0.0] * len(acts)
         baseline = allowed[0]
-        active = self._active
         if mode == "off":
             chosen = baseline
             probabilities[baseline] = 1.0
@@ -351,7 +416,7 @@ class Decider:
             elif active.drift_flag:
                 fallback = "drift"
             if fallback is not None:
-                self.metrics.fallbacks.labels(self.domain, fallback).inc()
+                self.metrics.fallbacks.labels(self.domain, fallback, channel).inc()
                 chosen = baseline
                 probabilities[baseline] = 1.0
             else:
@@ -384,6 +449,7 @@ class Decider:
             "mode": mode,
             "deferred": False,
             "recommended": recommended_index,
+            "channel": channel,
         }
         if self._emitter is not None:
             payload = self._serde_decision.encode(event)
@@ -391,7 +457,7 @@ class Decider:
                 _check_sizes(ctx, acts, self._validator)
             self._emitter.emit(self.topics.decisions, event_id, payload)
         self._remember_arm(event_id, acts[chosen]["id"])
-        self._decisions_by_mode[mode].inc()
+        self._decisions[channel][mode].inc()
         self._decide_latency.observe(time.perf_counter() - started)
         return Decision(
             action=acts[chosen]["id"],
@@ -402,6 +468,7 @@ class Decider:
             mode=mode,
             recommended=acts[recommended_index]["id"] if recommended_index >= 0 else None,
             fallback=fallback,
+            channel=channel,
         )
 
     def reward(
@@ -441,43 +508,68 @@ class Decider:
     # -- snapshots ------------------------------------------------------------------------
 
     def refresh(self) -> bool:
-        """Look for a newer verified snapshot now; True if one was swapped in."""
-        if self._repository is None:
-            return False
+        """Look for newer verified snapshots now (stable, then canary); True if one was swapped in."""
+        swapped = False
+        for channel, source in ((_STABLE, self._repository), (_CANARY, self._canary_repository)):
+            if source is not None:
+                swapped = self._refresh(channel, source) or swapped
+        return swapped
+
+    def use(self, active: ActivePolicy | None, *, channel: str = _STABLE) -> None:
+        """Swap in a snapshot directly (tests, embedded use); ``channel="canary"`` for the canary."""
+        if channel not in CHANNELS:
+            raise ValueError(f"channel must be one of {', '.join(CHANNELS)}, got {channel!r}")
+        if active is not None:
+            _warm(active)
+        self._swap(channel, active)
+
+    def _refresh(self, channel: str, source: SnapshotSource) -> bool:
         try:
-            fresh = self._repository.latest()
+            fresh = source.latest()
         except Exception as exc:  # noqa: BLE001 - any failure keeps the last good snapshot
             kind = getattr(exc, "kind", None) or _snake(type(exc).__name__)
-            self.metrics.verification_failures.labels(self.domain, kind).inc()
-            log.warning("snapshot refresh for %s failed (%s): keeping %s", self.domain, exc, self.policy_version or "the baseline")
+            self.metrics.verification_failures.labels(self.domain, channel, kind).inc()
+            held = self._held(channel)
+            keeping = held.version if held is not None else ("the baseline" if channel == _STABLE else "no canary")
+            # An empty canary channel is the usual state between experiments, not a fault.
+            level = logging.DEBUG if channel == _CANARY and kind == "not_found" else logging.WARNING
+            log.log(level, "%s snapshot refresh for %s failed (%s): keeping %s", channel, self.domain, exc, keeping)
             return False
-        current = self._active
+        current = self._held(channel)
         if fresh is None or (current is not None and fresh.version == current.version):
             self._update_age()
             return False
         _warm(fresh)
-        self._active = fresh  # one reference assignment: decide() sees old or new, never half
-        if current is not None:
-            self.metrics.snapshot_version.remove(self.domain, current.version)
-        self.metrics.snapshot_version.labels(self.domain, fresh.version).set(1)
+        self._swap(channel, fresh)
         self._update_age()
-        log.info("domain %s now decides with snapshot %s", self.domain, fresh.version)
+        log.info("domain %s now decides its %s traffic with snapshot %s", self.domain, channel, fresh.version)
         return True
 
-    def use(self, active: ActivePolicy | None) -> None:
-        """Swap in a snapshot directly (tests, embedded use)."""
-        if active is not None:
-            _warm(active)
-        self._active = active
+    def _held(self, channel: str) -> ActivePolicy | None:
+        return self._canary if channel == _CANARY else self._active
+
+    def _swap(self, channel: str, fresh: ActivePolicy | None) -> None:
+        current = self._held(channel)
+        # one reference assignment: decide() sees old or new, never half
+        if channel == _CANARY:
+            self._canary = fresh
+        else:
+            self._active = fresh
+        if current is not None and (fresh is None or fresh.version != current.version):
+            with contextlib.suppress(KeyError):
+                self.metrics.snapshot_version.remove(self.domain, channel, current.version)
+        if fresh is not None:
+            self.metrics.snapshot_version.labels(self.domain, channel, fresh.version).set(1)
 
     def _refresh_loop(self, interval: float) -> None:
         while not self._stop.wait(interval):
             self.refresh()
 
     def _update_age(self) -> None:
-        active = self._active
-        if active is not None:
-            self.metrics.snapshot_age.labels(self.domain).set(max(0.0, self._clock() - active.created_at))
+        for channel in CHANNELS:
+            held = self._held(channel)
+            if held is not None:
+                self.metrics.snapshot_age.labels(self.domain, channel).set(max(0.0, self._clock() - held.created_at))
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -504,7 +596,7 @@ class Decider:
 
     # -- internals ------------------------------------------------------------------------
 
-    def _shield(self, acts: list[dict], max_cost: float | None, max_latency_ms: float | None) -> list[int]:
+    def _shield(self, acts: list[dict], max_cost: float | None, max_latency_ms: float | None, channel: str) -> list[int]:
         if max_cost is None and max_latency_ms is None:
             return list(range(len(acts)))
         allowed = []
@@ -517,7 +609,7 @@ class Decider:
                 continue
             allowed.append(i)
         if not allowed:  # every candidate breaks the budget: keep the baseline rather than fail
-            self.metrics.fallbacks.labels(self.domain, "all_shielded").inc()
+            self.metrics.fallbacks.labels(self.domain, "all_shielded", channel).inc()
             return [0]
         return allowed
 
@@ -546,6 +638,32 @@ class Decider:
         recent[event_id] = arm
         if len(recent) > self._remember:
             recent.popitem(last=False)
+
+
+def stable_hash(key: str) -> float:
+    """The key's place in [0, 1), the same in every process, release and platform.
+
+    ``h = blake2b(key.encode("utf-8"), digest_size=8)`` read as a big-endian integer; its top
+    53 bits over 2**53 (exactly representable, so never 1.0). A unit goes to the canary when
+    ``stable_hash(unit_key) < canary_share``: raising the share only adds units.
+
+        >>> stable_hash("user-42") == stable_hash("user-42")
+        True
+        >>> 0.0 <= stable_hash("") < 1.0
+        True
+    """
+    digest = hashlib.blake2b(key.encode(), digest_size=8).digest()
+    return (int.from_bytes(digest, "big") >> 11) * _UNIT
+
+
+_UNIT = 2.0**-53
+
+
+def _source(source: Any) -> SnapshotSource | None:
+    """A :class:`SnapshotSource` as given, or a ``publisher.SnapshotClient`` wrapped in one."""
+    if source is not None and not hasattr(source, "latest") and hasattr(source, "refresh"):
+        return PulledSnapshots(source)
+    return source
 
 
 def _warm(active: ActivePolicy) -> None:

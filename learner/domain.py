@@ -1,4 +1,4 @@
-"""A domain's learning settings: policy, features and reward, validated as one section.
+"""A domain's learning settings: policy, features, reward and promotion, validated as one section.
 
 The configuration tree (``banditstream.config``) holds one :class:`DomainSettings` per domain;
 workers and the SDK build what they need from it, so the same settings score in the SDK
@@ -7,21 +7,69 @@ and learn in the worker:
     >>> settings = DomainSettings(policy="lin_ucb", params={"alpha": 0.5}, features={"dimension": 16})
     >>> settings.make_policy().dim, settings.reward_engine().window_s
     (16, 600.0)
+    >>> settings.promotion.canary_share, settings.promotion.estimator
+    (0.0, 'snips')
 """
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from learner.features import FeatureConfig, FeatureEncoder
 from learner.policies import POLICIES, Policy, make_policy
 from learner.reward import RewardConfig, RewardEngine
 
 
+class PromotionSettings(BaseModel):
+    """Evidence-gated promotion of the domain's canary snapshot.
+
+    The SDK sends ``canary_share`` of the units (by a stable hash of the caller's unit key,
+    else the event id) to the canary channel's snapshot and logs the channel on every
+    decision. Every ``every_s`` the publisher's gate estimates both channels' value from the
+    log with ``estimator`` and a ``level`` interval, once at least ``min_events`` rows were
+    decided by the canary: it promotes the canary when
+
+        lower(canary) > value(stable) + margin
+
+    rolls it back when ``upper(canary) < value(stable) - tolerated_regression``, and waits
+    otherwise.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    canary_share: float = Field(0.0, ge=0.0, lt=1.0, description="share of units the SDK routes to the canary; 0: none")
+    min_events: int = Field(1000, ge=1, description="canary-decided rows needed before the gate acts")
+    estimator: str = Field("snips", description="off-policy estimator, a name in learner.evaluation.ESTIMATORS")
+    level: float = Field(0.95, gt=0.0, lt=1.0, description="confidence level of the intervals")
+    margin: float = Field(0.0, ge=0.0, description="how much the canary's lower bound must beat the stable's value by")
+    tolerated_regression: float = Field(
+        0.02, ge=0.0, description="how far the canary's upper bound may fall below the stable's value before it is rolled back"
+    )
+    interval: Literal["gaussian", "bootstrap"] = Field("gaussian", description="closed-form (cheap) or seeded bootstrap intervals")
+    every_s: float = Field(60.0, gt=0.0, description="how often the publisher runs the gate")
+
+    @field_validator("min_events", mode="before")
+    @classmethod
+    def _not_a_boolean(cls, value: Any) -> Any:
+        if isinstance(value, bool):  # pydantic would read true as 1
+            raise ValueError("must be an integer, not a boolean")
+        return value
+
+    @field_validator("estimator")
+    @classmethod
+    def _known_estimator(cls, value: str) -> str:
+        # Imported here: the SDK reads these settings but never needs the estimators.
+        from learner.evaluation.estimators import ESTIMATORS
+
+        if value not in ESTIMATORS:
+            raise ValueError(f"must be one of {', '.join(sorted(ESTIMATORS))}")
+        return value
+
+
 class DomainSettings(BaseModel):
-    """One decision point: its policy, features and reward."""
+    """One decision point: its policy, features, reward and canary promotion."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True)
 
@@ -31,6 +79,7 @@ class DomainSettings(BaseModel):
     reward: RewardConfig = RewardConfig()
     max_actions: int | None = Field(None, ge=1)
     mode: Literal["live", "shadow", "off"] = "live"
+    promotion: PromotionSettings = PromotionSettings()
 
     @model_validator(mode="after")
     def _policy_is_buildable(self) -> "DomainSettings":

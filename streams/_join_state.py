@@ -620,6 +620,7 @@ class JoinCore:
             "feature_hash": domain.feature_hash,
             "mode": event.get("mode") or "live",
             "policy_version": event.get("policy_version") or "",
+            "channel": event.get("channel") or "stable",
             "decision_time": event["timestamp"],
             "weight": 1.0,
             "_shard": shard,

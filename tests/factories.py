@@ -43,6 +43,7 @@ def decision(i: int, rng: random.Random, *, domain: str = "routing", n_actions: 
         "mode": "live",
         "deferred": False,
         "recommended": -1,
+        "channel": "stable",
     }
 
 

@@ -262,3 +262,60 @@ def test_the_spool_overflow_policy_is_the_callers_choice(tmp_path):
         decider.close(timeout=0.5)
     with pytest.raises(ValueError, match="overflow"):
         Decider("routing", kafka="127.0.0.1:1", spool_path=tmp_path / "e.spool", spool_overflow="drop_all")
+
+
+def test_without_a_canary_every_decision_is_stable_and_counted_by_mode_and_channel():
+    decider = Decider("routing", settings=SETTINGS, seed=1, canary_share=0.5)  # a share, but no canary held
+    decider.use(_active("1.0.1"))
+    decisions = [decider.decide({"tokens": 1.0}, ARMS, unit_key=f"user-{i}") for i in range(50)]
+    assert {(d.channel, d.policy_version) for d in decisions} == {("stable", "1.0.1")}
+    assert decider.canary_version == ""
+    counts = {
+        (s.labels["mode"], s.labels["channel"]): s.value
+        for m in decider.metrics.registry.collect() if m.name == "banditstream_sdk_decisions"
+        for s in m.samples if s.name.endswith("_total") and s.value
+    }  # fmt: skip
+    assert counts == {("live", "stable"): 50.0}
+    info = {
+        (s.labels["channel"], s.labels["version"])
+        for m in decider.metrics.registry.collect() if m.name == "banditstream_sdk_snapshot_info"
+        for s in m.samples if s.value
+    }  # fmt: skip
+    assert info == {("stable", "1.0.1")}
+
+
+def test_the_canary_swaps_atomically_and_is_named_in_the_snapshot_metric():
+    decider = Decider("routing", settings=SETTINGS, seed=1, canary_share=0.5)
+    decider.use(_active("1.0.1"))
+    decider.use(_active("1.1.0", best="haiku"), channel="canary")
+    decider.use(_active("1.1.1", best="haiku"), channel="canary")
+    info = {
+        (s.labels["channel"], s.labels["version"])
+        for m in decider.metrics.registry.collect() if m.name == "banditstream_sdk_snapshot_info"
+        for s in m.samples if s.value
+    }  # fmt: skip
+    assert info == {("stable", "1.0.1"), ("canary", "1.1.1")}
+    assert (decider.policy_version, decider.canary_version) == ("1.0.1", "1.1.1")
+    with pytest.raises(ValueError, match="channel must be one of stable, canary"):
+        decider.use(_active("2"), channel="beta")
+
+
+def test_decide_never_waits_for_a_canary_refresh_in_progress():
+    decider = Decider("routing", settings=SETTINGS, seed=4, canary_share=0.5)
+    decider.use(_active("1.0.0"))
+    decider.use(_active("1.1.0", best="haiku"), channel="canary")
+    source = _SlowSource(_active("1.1.1", best="gpt-small"))
+    decider._canary_repository = source  # a canary refresh now stalls inside pull + verify
+    refresher = threading.Thread(target=decider.refresh)
+    refresher.start()
+    assert source.entered.wait(5)
+    durations = []
+    for i in range(2000):
+        t0 = time.perf_counter_ns()
+        d = decider.decide({"tokens": 1.0}, ARMS, unit_key=f"user-{i}")
+        durations.append(time.perf_counter_ns() - t0)
+        assert d.policy_version == ("1.1.0" if d.channel == "canary" else "1.0.0")
+    assert np.median(durations) < 1_000_000
+    source.release.set()
+    refresher.join(10)
+    assert decider.canary_version == "1.1.1" and decider.policy_version == "1.0.0"

@@ -10,6 +10,7 @@ from confluent_kafka.schema_registry.avro import AvroSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 
 import schemas
+from streams import _avrocodec
 from streams.serde import AvroSerde
 
 ALL_VERSIONS = [(name, None) for name in schemas.NAMES] + [
@@ -100,12 +101,30 @@ def test_every_field_added_after_v1_has_a_default(name):
 
 
 def test_decision_history_holds_the_real_v1_without_recommended():
-    assert schemas.history("decision") == [1]
+    assert schemas.history("decision") == [1, 2]
     v1_fields = [f["name"] for f in schemas.load("decision", 1)["fields"]]
     current = {f["name"]: f for f in schemas.load("decision")["fields"]}
     assert "recommended" not in v1_fields
     assert current["recommended"]["default"] == -1
     assert schemas.fingerprint("decision", 1) != schemas.fingerprint("decision")
+
+
+def test_decision_history_holds_the_real_v2_with_recommended_and_without_channel():
+    v2 = schemas.load("decision", 2)
+    current = schemas.load("decision")
+    assert [f["name"] for f in v2["fields"]] == [f["name"] for f in current["fields"]][:-1]
+    assert current["fields"][-1] == {**current["fields"][-1], "name": "channel", "type": "string", "default": "stable"}
+    assert len({schemas.fingerprint("decision", v) for v in (1, 2, None)}) == 3
+
+
+def test_update_history_holds_the_real_v1_without_channel():
+    assert schemas.history("update") == [1]
+    v1_fields = [f["name"] for f in schemas.load("update", 1)["fields"]]
+    current = {f["name"]: f for f in schemas.load("update")["fields"]}
+    assert "channel" not in v1_fields
+    assert [name for name in current if name not in v1_fields] == ["channel"]
+    assert (current["channel"]["type"], current["channel"]["default"]) == ("string", "stable")
+    assert schemas.fingerprint("update", 1) != schemas.fingerprint("update")
 
 
 def test_current_reader_reads_v1_single_object_data_with_recommended_defaulted():
@@ -116,8 +135,8 @@ def test_current_reader_reads_v1_single_object_data_with_recommended_defaulted()
 
     event = reader.decode(payload)
 
-    assert event["recommended"] == -1
-    assert {k: v for k, v in event.items() if k != "recommended"} == v1_decision()
+    assert (event["recommended"], event["channel"]) == (-1, "stable")
+    assert {k: v for k, v in event.items() if k not in ("recommended", "channel")} == v1_decision()
 
 
 def test_current_reader_reads_v1_confluent_data_with_recommended_defaulted():
@@ -130,8 +149,8 @@ def test_current_reader_reads_v1_confluent_data_with_recommended_defaulted():
 
     event = reader.decode(payload)
 
-    assert event["recommended"] == -1
-    assert {k: v for k, v in event.items() if k != "recommended"} == v1_decision()
+    assert (event["recommended"], event["channel"]) == (-1, "stable")
+    assert {k: v for k, v in event.items() if k not in ("recommended", "channel")} == v1_decision()
     # The newer schema registers as a second version of the same subject.
     assert reader.schema_id() != v1_id
     assert sorted(registry.get_versions("bandit.decisions-value")) == [1, 2]  # the mock keeps a set
@@ -145,5 +164,116 @@ def test_current_reader_reads_v1_data_from_confluents_own_serializer():
 
     event = AvroSerde("decision", registry=registry, topic="bandit.decisions").decode(payload)
 
-    assert event["recommended"] == -1
+    assert (event["recommended"], event["channel"]) == (-1, "stable")
     assert event["mode"] == "shadow" and event["tenant"] == "acme"
+
+
+# -- version 3 of the decision and version 2 of the update: the channel that decided -----------
+
+
+def v2_decision() -> dict:
+    """A DecisionEvent as a version-2 producer writes it (``recommended``, no ``channel``)."""
+    return {**v1_decision(), "event_id": "evt-v2", "mode": "live", "recommended": -1}
+
+
+def v1_update() -> dict:
+    """An UpdateEvent as a version-1 join writes it (no ``channel``)."""
+    return {
+        "event_id": "evt-v2",
+        "tenant": "acme",
+        "workspace": "staging",
+        "domain": "llm_routing",
+        "arm": "large",
+        "arm_index": 1,
+        "actions": ["small", "large"],
+        "probabilities": [0.25, 0.75],
+        "probability": 0.75,
+        "features": [1.0, 0.5, -2.0],
+        "feature_hash": "f00d",
+        "reward": 0.8,
+        "signals": {"success": 1.0},
+        "reward_count": 1,
+        "join_status": "rewarded",
+        "mode": "live",
+        "policy_version": "1.4.2",
+        "decision_time": 1_700_000_000_123,
+        "reward_time": 1_700_000_000_900,
+        "weight": 1.0,
+    }
+
+
+OLD_WRITERS = [("decision", 1, v1_decision), ("decision", 2, v2_decision), ("update", 1, v1_update)]
+TOPICS = {"decision": "bandit.decisions", "update": "bandit.updates"}
+
+
+@pytest.fixture(params=["c", "python"])
+def decode_path(request, monkeypatch):
+    """Decode through the C extension's reader, or the generated Python one without it."""
+    if request.param == "python":
+        monkeypatch.setattr(_avrocodec, "_avrofast", None)
+    return request.param
+
+
+def _old_payloads(name: str, version: int, record: dict, framing: str, registry_name: str):
+    registry = SchemaRegistryClient.new_client({"url": f"mock://{registry_name}"}) if framing == "confluent" else None
+    writer = AvroSerde(name, framing=framing, registry=registry, topic=TOPICS[name], version=version)
+    reader = AvroSerde(name, framing=framing, registry=registry, topic=TOPICS[name])
+    return writer.encode(record), reader
+
+
+@pytest.mark.parametrize("framing", ["single_object", "confluent"])
+@pytest.mark.parametrize(("name", "version", "record"), OLD_WRITERS, ids=lambda v: getattr(v, "__name__", str(v)))
+def test_records_written_before_channel_decode_as_stable_in_both_framings_and_paths(
+    name, version, record, framing, decode_path
+):
+    payload, reader = _old_payloads(name, version, record(), framing, f"channel-{name}-{version}-{framing}-{decode_path}")
+    if framing == "single_object":
+        assert payload[2:10] == schemas.fingerprint(name, version)  # resolved from schemas/history
+
+    one = reader.decode(payload)
+    batch = reader.decode_batch([payload, payload])
+
+    assert one["channel"] == "stable"
+    assert {k: v for k, v in one.items() if k not in ("channel", "recommended")} == {
+        k: v for k, v in record().items() if k != "recommended"
+    }
+    assert batch == [one, one]
+    (read,) = reader._readers.values()
+    assert hasattr(read, "__source__") == (decode_path == "python")  # the path the test meant
+
+
+@pytest.mark.parametrize(("name", "version", "record"), OLD_WRITERS, ids=lambda v: getattr(v, "__name__", str(v)))
+def test_records_from_confluents_own_serializer_before_channel_decode_as_stable(name, version, record):
+    registry = SchemaRegistryClient.new_client({"url": f"mock://channel-confluent-{name}-{version}"})
+    serializer = AvroSerializer(registry, schemas.schema_str(name, version))
+    payload = serializer(record(), SerializationContext(TOPICS[name], MessageField.VALUE))
+
+    event = AvroSerde(name, registry=registry, topic=TOPICS[name]).decode(payload)
+
+    assert event["channel"] == "stable"
+    assert event["event_id"] == record()["event_id"]
+
+
+@pytest.mark.parametrize("framing", ["single_object", "confluent"])
+@pytest.mark.parametrize(("name", "record"), [("decision", v2_decision), ("update", v1_update)])
+def test_current_writers_default_channel_to_stable_and_carry_canary(name, record, framing, decode_path):
+    registry = SchemaRegistryClient.new_client({"url": f"mock://channel-now-{name}-{framing}"}) if framing == "confluent" else None
+    serde = AvroSerde(name, framing=framing, registry=registry, topic=TOPICS[name])
+
+    implicit = serde.decode(serde.encode(record()))  # a writer that predates the field
+    canary = serde.decode(serde.encode({**record(), "channel": "canary"}))
+
+    assert implicit["channel"] == "stable"
+    assert canary == {**implicit, "channel": "canary"}
+
+
+@pytest.mark.parametrize(("name", "old", "record"), [("decision", 2, v2_decision), ("update", 1, v1_update)])
+def test_a_reader_still_on_the_previous_schema_reads_channel_events(name, old, record, decode_path):
+    """Forward compatibility, for rolling upgrades: a consumer not yet upgraded skips the field."""
+    payload = AvroSerde(name, framing="single_object").encode({**record(), "channel": "canary"})
+    read = _avrocodec.build_reader(schemas.load(name), schemas.load(name, old))
+
+    event, end = read(payload, 10)
+
+    assert end == len(payload)
+    assert event == record()  # everything but the channel, which this reader does not know

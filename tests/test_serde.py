@@ -63,6 +63,7 @@ def decision(i: int = 0, *, seed: int = 7) -> dict:
         "mode": "live",
         "deferred": False,
         "recommended": -1,
+        "channel": "stable",
     }
 
 
@@ -96,6 +97,7 @@ SAMPLES = {
         "join_status": "rewarded",
         "mode": "live",
         "policy_version": "2.0.1",
+        "channel": "stable",
         "decision_time": 1_700_000_000_000,
         "reward_time": 1_700_000_000_500,
         "weight": 1.0,
@@ -369,9 +371,9 @@ def test_another_event_type_is_incompatible_not_misread():
 def test_bytes_that_are_not_avro_of_the_schema_are_corrupt():
     s = serde("single_object")
     payload = bytearray(s.encode(decision()))
-    # The mode enum sits just before `deferred` and `recommended` (two one-byte fields).
-    assert payload[-3] == 0  # index of "live"
-    payload[-3] = 0x0A  # index 5: not a Mode symbol
+    # The mode enum sits just before `deferred`, `recommended` (one byte each) and `channel` ("stable": 7 bytes).
+    assert payload[-10] == 0  # index of "live"
+    payload[-10] = 0x0A  # index 5: not a Mode symbol
     with pytest.raises(CorruptPayload, match="enum index 5"):
         s.decode(bytes(payload))
 
