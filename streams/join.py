@@ -13,9 +13,9 @@ a fifth of the join's CPU more. The state is driven by :mod:`streams._join_state
 
 1. a record without a key, on another partition than its key's (``kafka.partitioner``), or
    keyed by anything but its event_id is dead-lettered (``null_key``, ``wrong_partition``,
-   ``key_mismatch``): its decision and rewards could never be sure to meet; then decode (:class:`~streams.serde.AvroSerde`), validate
-   (:class:`~streams.validation.Validator`); a record that fails goes to the dead-letter
-   topic, the rest go on;
+   ``key_mismatch``): its decision and rewards could never be sure to meet; then decode
+   (:class:`~streams.serde.AvroSerde`), validate (:class:`~streams.validation.Validator`);
+   a record that fails goes to the dead-letter topic, the rest go on;
 2. decisions open a join entry (features encoded now, the normaliser updated after),
    rewards attach to it, wait for it, or are late / duplicate (counted, and logged with an
    example);
