@@ -12,6 +12,7 @@ fifth of the join's CPU. librdkafka parses in its own threads, in C.
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
@@ -102,8 +103,11 @@ class SourceReader:
     """
 
     def __init__(self, config: dict[str, Any], decisions: str, rewards: str, *, hold: RewardHold,
-                 fetch_wait_ms: int, batch_max: int) -> None:
-        self.consumer = Consumer({**config, "enable.partition.eof": True, "enable.auto.commit": False})
+                 fetch_wait_ms: int, batch_max: int, stats_interval_ms: int = 500) -> None:
+        self.consumer = Consumer({
+            **config, "enable.partition.eof": True, "enable.auto.commit": False,
+            "statistics.interval.ms": stats_interval_ms, "stats_cb": self._stats,
+        })  # fmt: skip
         self.decisions, self.rewards = decisions, rewards
         self.hold = hold
         self.fetch_wait_ms = fetch_wait_ms
@@ -113,6 +117,8 @@ class SourceReader:
         self.at_end: dict[tuple[str, int], int] = {}
         #: Wall ms at the start of the last poll that drained what librdkafka had fetched.
         self.drained_at: float | None = None
+        #: (topic, partition) -> wall ms its leader was last heard from (librdkafka statistics).
+        self.contact: dict[tuple[str, int], float] = {}
         self.generation = 0
         self._paused: set[int] = set()
         self._lock = threading.Lock()  # assign() on the event loop, read() on the reading thread
@@ -173,11 +179,37 @@ class SourceReader:
 
     def complete_at(self, topic: str, partition: int, position: int | None) -> int | None:
         """Wall ms up to which everything of the partition that reached the broker is read and
-        handled (``position``: the next offset handled), or None while records are left."""
+        handled (``position``: the next offset handled), or None while records are left
+        (rewards waiting in the hold are left, though fetched to their end)."""
         end = self.at_end.get((topic, partition))
         if end is None or self.drained_at is None or (position is not None and position < end):
             return None  # (nothing handled: read from the earliest, so the end means read)
-        return int(self.drained_at - self.fetch_wait_ms)
+        if topic == self.rewards and self.hold.count(partition):
+            return None
+        contact = self.contact.get((topic, partition))
+        if contact is None:
+            return None
+        return int(min(self.drained_at, contact) - self.fetch_wait_ms)
+
+    def _stats(self, report: str) -> None:
+        """librdkafka's statistics (every ``stats_interval_ms``, served by ``consume``): when
+        each partition's leader last answered. An empty poll proves nothing while the broker
+        is away (restarting, frozen, unreachable): records produced meanwhile wait in their
+        producers, so a partition is read to its end only up to the last answer heard."""
+        now = time.time() * 1000.0
+        try:
+            brokers = json.loads(report).get("brokers", {})
+        except ValueError:
+            return
+        contact = {}
+        for broker in brokers.values():
+            idle_us = broker.get("rxidle", -1)
+            if broker.get("nodeid", -1) < 0 or idle_us is None or idle_us < 0:
+                continue
+            heard = now - idle_us / 1000.0
+            for toppar in broker.get("toppars", {}).values():
+                contact[(toppar["topic"], toppar["partition"])] = heard
+        self.contact = contact
 
     def highwater(self, topic: str, partition: int) -> int | None:
         """The partition's end offset as the last fetch response said (None if unknown)."""

@@ -14,6 +14,8 @@ import random
 import time
 from collections import Counter
 
+import pytest
+
 from learner.domain import DomainSettings
 from streams.client import EventProducer
 from streams.serde import AvroSerde
@@ -25,13 +27,13 @@ PAIRS = 100_000
 WINDOW_MS = 2_000
 
 
-def backlog(seed: int, start_ms: int) -> tuple[list[tuple[str, dict]], dict[str, list[dict]], int]:
+def backlog(seed: int, start_ms: int, pairs: int = PAIRS) -> tuple[list[tuple[str, dict]], dict[str, list[dict]], int]:
     """Decisions 1 ms apart and their rewards merged in event-time order, as a service logged
     them; (events, on-time rewards per decision, rewards stamped after their window)."""
     rng = random.Random(seed)
     events, on_time, late = [], {}, 0
     domains = list(H.DOMAINS)
-    for i in range(PAIRS):
+    for i in range(pairs):
         ts = start_ms + i
         domain = domains[i % len(domains)]
         event_id = f"b-{i:06d}"
@@ -51,21 +53,32 @@ def backlog(seed: int, start_ms: int) -> tuple[list[tuple[str, dict]], dict[str,
     return [(kind, event) for _, _, kind, event in events], on_time, late
 
 
-def test_a_backlog_stamped_an_hour_ago_at_full_speed_joins_as_live(kafka, topics, tmp_path):
+@pytest.mark.parametrize(("pairs", "join_first"), [(PAIRS, True), (20_000, False)], ids=["join-running", "join-started-after"])
+def test_a_backlog_stamped_an_hour_ago_at_full_speed_joins_as_live(kafka, topics, tmp_path, pairs, join_first):
+    """``join-started-after``: the backlog is in both topics before the join first starts (a
+    first deployment on topics with history). Its rewards wait in the reader's hold for their
+    decisions while the rewards partitions report their end: that end must not count as read.
+    (Measured before the fix: every decision of a partition learned its default.)"""
     ensure_topics(kafka, topics)
     domains = _domains(WINDOW_MS / 1000)
     config = H.settings(kafka, topics, tmp_path / "state", domains=domains).worker_config()
-    events, on_time, late = backlog(seed=17, start_ms=H.now_ms() - 3_600_000)
+    events, on_time, late = backlog(seed=17, start_ms=H.now_ms() - 3_600_000, pairs=pairs)
     producer = EventProducer(kafka, **{"linger.ms": 20, "batch.num.messages": 10_000,
                                        "queue.buffering.max.messages": 1_000_000})
     serdes = {"decision": AvroSerde("decision", framing="single_object"), "reward": AvroSerde("reward", framing="single_object")}
     target = {"decision": topics.decisions, "reward": topics.rewards}
 
-    with H.JoinThread(config) as worker:
-        time.sleep(2.0)  # the join holds its partitions and is read to their (empty) ends: then the backlog comes
+    def produce() -> None:
         for kind, event in events:
             producer.send_raw(target[kind], serdes[kind].encode(event), key=event["event_id"])
         producer.flush()
+
+    if not join_first:
+        produce()
+    with H.JoinThread(config) as worker:
+        if join_first:
+            time.sleep(2.0)  # the join holds its partitions and is read to their (empty) ends: then the backlog comes
+            produce()
         updates = H.read_topic(kafka, topics.updates, "update", until=H.every_event(on_time), idle_s=3, timeout_s=300,
                                check=worker.check)
         dead = _deadletters(kafka, topics, expect=late, check=worker.check)
@@ -74,7 +87,7 @@ def test_a_backlog_stamped_an_hour_ago_at_full_speed_joins_as_live(kafka, topics
     joined = {}
     for _, u in updates:
         joined.setdefault(u["event_id"], (u["join_status"], u["reward_count"], u["reward"]))
-    assert len(joined) == PAIRS and len(updates) == PAIRS  # one update each, none twice
+    assert len(joined) == pairs and len(updates) == pairs  # one update each, none twice
     wrong = []
     for event_id, rewards in on_time.items():
         status, count, value = joined[event_id]
@@ -82,5 +95,5 @@ def test_a_backlog_stamped_an_hour_ago_at_full_speed_joins_as_live(kafka, topics
         if (status, count) != ("rewarded" if rewards else "default", len(rewards)) or (
                 rewards and not math.isclose(value, expected_value, abs_tol=1e-9)):
             wrong.append((event_id, status, count, len(rewards)))
-    assert not wrong, f"{len(wrong)} of {PAIRS} joined otherwise than live, e.g. {wrong[:5]}"
+    assert not wrong, f"{len(wrong)} of {pairs} joined otherwise than live, e.g. {wrong[:5]}"
     assert Counter(r["reason"] for r in dead) == {"late_reward": late}

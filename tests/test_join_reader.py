@@ -126,3 +126,29 @@ def test_a_transient_read_error_is_logged_and_reading_goes_on(kafka, topics, cap
         assert "retrying" in caplog.text
     finally:
         reader.close()
+
+
+def test_rewards_read_to_their_end_but_still_held_are_not_handled(kafka, topics):
+    """A join starting on a backlog fetches a rewards partition to its end while every reward
+    waits in the hold for decisions not read yet. That end must not count as handled: the
+    reward clock would move to the decisions' time and fire their defaults with their
+    rewards still held. (Found by the soak: a partition's whole backlog learned as default.)"""
+    ensure_topics(kafka, topics)
+    reader = _reader(kafka, topics)
+    try:
+        reader.assign({(topics.decisions, 2): None, (topics.rewards, 2): None})
+        base = 1_800_000_000_000
+        batch = [_Message(topics.rewards, 2, i, base + 5_000 + i) for i in range(3)]
+        batch += [_Message(topics.rewards, 2, 3, eof=True), _Message(topics.decisions, 2, 0, base)]
+        out = reader._take(batch, time.time() * 1000)
+        assert [(m.topic(), m.offset()) for m in out] == [(topics.decisions, 0)]
+        assert reader.complete_at(topics.rewards, 2, None) is None  # nothing handled, all held
+        out = reader._take([_Message(topics.decisions, 2, 1, base + 5_001)], time.time() * 1000)
+        assert [m.offset() for m in out] == [1, 0, 1]
+        assert reader.complete_at(topics.rewards, 2, 2) is None  # one still held
+        out = reader._take([_Message(topics.decisions, 2, 2, eof=True)], time.time() * 1000)
+        assert [m.offset() for m in out] == [2]
+        reader.contact[(topics.rewards, 2)] = time.time() * 1000  # its broker answered (librdkafka's statistics)
+        assert reader.complete_at(topics.rewards, 2, 3) is not None  # every reward handled
+    finally:
+        reader.close()
