@@ -171,6 +171,10 @@ class JoinOptions:
     #: Streams' grace): a decision's default fires only once its rewards are read past its
     #: window's end plus this.
     grace_s: float = 2.0
+    #: How long one flush of a batch's outputs or changelog may wait for the broker, seconds;
+    #: past it (or on a producer error) the producer is rebuilt and the batch sent again,
+    #: for as long as the broker is away: the join waits out an outage rather than exit.
+    output_timeout_s: float = 30.0
 
     def __post_init__(self) -> None:
         for option in fields(self):

@@ -81,6 +81,14 @@ class EventProducer:
         if self.failed:
             raise DeliveryError(f"{self.failed} records failed delivery (last error: {self.last_error})")
 
+    def rebuild(self) -> None:
+        """Drop what is queued and start over with a new producer (after a fatal or fenced
+        error, or records not delivered in time): the caller sends again what it must deliver."""
+        old, self._producer = self._producer, Producer(self.config)
+        with self._lock:
+            self.failed, self.last_error = 0, None
+        discard_producer(old)
+
     def _callback(self, user_callback):
         def on_delivery(error: KafkaError | None, message: Message) -> None:
             with self._lock:
@@ -93,6 +101,15 @@ class EventProducer:
                 user_callback(error, message)
 
         return on_delivery
+
+
+def discard_producer(producer: Producer) -> None:
+    """Purge a producer's queue and let it go (its callbacks report the purge, harmlessly)."""
+    try:
+        producer.purge()
+        producer.flush(0)
+    except Exception:  # a fatal producer may refuse both; it is dropped all the same
+        pass
 
 
 @dataclass

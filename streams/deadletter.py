@@ -45,6 +45,15 @@ class DeadLetters:
         error: BaseException,
         reason: str | None = None,
     ) -> None:
+        dl_key, value = self.encode(source_topic=source_topic, partition=partition, offset=offset, key=key,
+                                    value=value, error=error, reason=reason)
+        self.producer.send_raw(self.topic, value, key=dl_key)
+        self.counted(reason or reason_of(error))
+
+    def encode(self, *, source_topic: str, partition: int, offset: int, key: bytes | str | None, value: bytes | None,
+               error: BaseException, reason: str | None = None) -> tuple[str, bytes]:
+        """The dead letter's ``(key, value)`` as :meth:`send` produces it (for callers that
+        produce it themselves, and may have to produce it again); count it with :meth:`counted`."""
         reason = reason or reason_of(error)
         record = {
             "source_topic": source_topic,
@@ -58,8 +67,9 @@ class DeadLetters:
             "worker": self.worker,
             "timestamp": int(time.time() * 1000),
         }
-        dl_key = f"{source_topic}/{partition}/{offset}"
-        self.producer.send(self.topic, self.serde, record, key=dl_key)
+        return f"{source_topic}/{partition}/{offset}", self.serde.encode(record)
+
+    def counted(self, reason: str) -> None:
         self.counts[reason] = self.counts.get(reason, 0) + 1
         if self.on_dead_letter is not None:
             self.on_dead_letter(reason)

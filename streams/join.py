@@ -87,7 +87,7 @@ from streams._join_state import (
     Outputs,
     PartitionState,
 )
-from streams.client import EventProducer
+from streams.client import DeliveryError, EventProducer, discard_producer
 from streams.deadletter import DeadLetters, reason_of
 from streams.errors import DecodeError, ValidationError
 from streams.metrics import WorkerMetrics
@@ -715,20 +715,26 @@ class JoinWorker:
 
     async def _commit(self, out: Outputs, parts: Iterable[PartitionState]) -> None:
         """Emit, then changelog, then local state: the order that can duplicate, never lose."""
-        loop = asyncio.get_running_loop()
-        producer, updates_topic, encode = self.producer, self.topics.updates, self.update_serde.encode
-        producer.send_many(updates_topic, [(shard, encode(record)) for shard, record in out.updates])
+        updates_topic, encode = self.topics.updates, self.update_serde.encode
+        updates = [(shard, encode(record)) for shard, record in out.updates]
+        dead_letters = []
         for dead in out.dead:
-            value, error = dead.value, dead.error
+            value, reason = dead.value, dead.reason or reason_of(dead.error)
             if value is not None and len(value) > MAX_DEAD_LETTER_VALUE:  # keep the dead letter itself producible
                 value = value[:MAX_DEAD_LETTER_VALUE]
-            self.deadletters.send(
+            dead_letters.append(self.deadletters.encode(
                 source_topic=dead.topic, partition=dead.partition, offset=dead.offset,
-                key=dead.key, value=value, error=error,
-                reason=dead.reason or reason_of(dead.error),
-            )  # fmt: skip
-        if out.updates or out.dead:
-            await loop.run_in_executor(None, producer.flush)
+                key=dead.key, value=value, error=dead.error, reason=reason,
+            ))  # fmt: skip
+            self.deadletters.counted(reason)
+        if updates or dead_letters:
+
+            def emit() -> None:
+                self.producer.send_many(updates_topic, updates)
+                self.producer.send_many(self.topics.deadletter, dead_letters)
+                self.producer.flush(self.options.output_timeout_s)
+
+            await self._deliver("outputs", emit, self.producer.rebuild)
             self.failpoint.passed("emitted")
         self._count(out)
 
@@ -738,27 +744,32 @@ class JoinWorker:
             return
         topic = self.changelog_topic
         last: dict[int, int] = {}
-        failures: list[Any] = []
 
-        def delivered(error, message) -> None:
-            if error is not None:
-                failures.append(error)
-            else:
-                p = message.partition()
-                if message.offset() > last.get(p, -1):
-                    last[p] = message.offset()
+        def write() -> None:
+            failures: list[Any] = []
 
-        clog = self.changelog_producer
-        for part, items in changes:
-            for key, value in items:
-                _produce(clog, topic, key, value, part.partition, delivered)
-        await loop.run_in_executor(None, clog.flush)
-        if not self.profile.trusts_queried_end_offsets:
-            for part, _ in changes:
-                _produce(clog, topic, FENCE_KEY, None, part.partition, delivered)
-            await loop.run_in_executor(None, clog.flush)
-        if failures or len(last) < len(changes):
-            raise RuntimeError(f"changelog writes failed: {failures[:1] or 'not delivered'}")
+            def delivered(error, message) -> None:
+                if error is not None:
+                    failures.append(error)
+                else:
+                    p = message.partition()
+                    if message.offset() > last.get(p, -1):
+                        last[p] = message.offset()
+
+            clog = self.changelog_producer
+            last.clear()
+            for part, items in changes:
+                for key, value in items:
+                    _produce(clog, topic, key, value, part.partition, delivered)
+            remaining = clog.flush(self.options.output_timeout_s)
+            if not remaining and not failures and not self.profile.trusts_queried_end_offsets:
+                for part, _ in changes:
+                    _produce(clog, topic, FENCE_KEY, None, part.partition, delivered)
+                remaining = clog.flush(self.options.output_timeout_s)
+            if remaining or failures or len(last) < len(changes):
+                raise DeliveryError(f"changelog writes failed: {failures[:1] or f'{remaining} not delivered'}")
+
+        await self._deliver("changelog", write, self._rebuild_changelog_producer)
         self.failpoint.passed("changelog")
 
         from rocksdict import WriteBatch
@@ -774,6 +785,35 @@ class JoinWorker:
             part.db.write(batch)
             store.set_persisted_offset(TP(topic, part.partition), last[part.partition])
             self.failpoint.passed("persisted")
+
+    async def _deliver(self, what: str, send: Callable[[], None], rebuild: Callable[[], None]) -> None:
+        """Run ``send`` (produce and flush; raises unless every record is acknowledged) until it
+        succeeds: through a broker restart or outage the join waits, and a producer that
+        failed (fatal, fenced, records expired) is rebuilt and the batch sent again. Records
+        acknowledged before the failure go twice; readers dedupe (the learner by event id,
+        the changelog by key). Only a stop ends the wait: the batch is then read again."""
+        loop = asyncio.get_running_loop()
+        started, attempts = time.monotonic(), 0
+        while True:
+            try:
+                await loop.run_in_executor(None, send)
+            except (KafkaException, BufferError, RuntimeError, SystemError) as exc:  # SystemError: confluent-kafka's
+                attempts += 1  # flush on a producer gone fatal
+                if self._stopping or (self._stop is not None and self._stop.is_set()):
+                    raise
+                self.metrics.output_retries.labels("join", what).inc()
+                log.warning("join: %s not delivered after %.0fs (%r); rebuilding the producer, sending again",
+                            what, time.monotonic() - started, exc)
+                await loop.run_in_executor(None, rebuild)
+                await asyncio.sleep(min(5.0, 0.25 * 2**attempts))
+                continue
+            if attempts:
+                log.warning("join: %s delivered after %d retries, %.1fs", what, attempts, time.monotonic() - started)
+            return
+
+    def _rebuild_changelog_producer(self) -> None:
+        old, self.changelog_producer = self.changelog_producer, Producer(self.config.kafka.producer_config())
+        discard_producer(old)
 
     def _count(self, out: Outputs) -> None:
         metrics = self.metrics

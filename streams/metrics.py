@@ -24,6 +24,10 @@ class WorkerMetrics:
         self.joins = Counter("banditstream_joins", "Decisions joined, by status (rewarded, default).", ["status"], registry=r)
         self.late_rewards = Counter("banditstream_late_rewards", "Rewards that arrived after their window.", registry=r)
         self.duplicates = Counter("banditstream_duplicates", "Duplicate events ignored, by kind.", ["worker", "kind"], registry=r)
+        self.output_retries = Counter(
+            "banditstream_output_retries", "Batches sent again after a broker outage or a producer error.",
+            ["worker", "output"], registry=r,
+        )
         self.dead_letters = Counter("banditstream_dead_letters", "Records dead-lettered, by reason.", ["worker", "reason"], registry=r)
         self.batch_size = Histogram(
             "banditstream_batch_size", "Records per applied batch.", ["worker"], registry=r,
