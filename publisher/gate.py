@@ -48,7 +48,7 @@ from publisher.errors import PublisherError
 from publisher.publish import Publisher
 from publisher.snapshot import Snapshot
 
-__all__ = ["Gate", "GateConfig", "GateDecision", "GateMetrics"]
+__all__ = ["Gate", "GateConfig", "GateDecision", "GateMetrics", "canary_since_ms", "nothing_to_gate"]
 
 log = logging.getLogger(__name__)
 
@@ -118,6 +118,23 @@ class GateDecision:
         return f"{self.domain}: {self.action} ({self.reason})"
 
 
+def nothing_to_gate(stable: Any, canary: Any) -> str | None:
+    """Why the channels' heads (target entries or None) leave the gate nothing to judge, or
+    None when the canary awaits a verdict."""
+    if canary is None or stable is None:
+        return f"no {'canary' if canary is None else 'stable'} snapshot"
+    if canary.version == stable.version:
+        return "the canary is the stable version"
+    if canary.custom.get("derived_from") == str(stable.version):
+        return f"the canary carries the stable's state ({stable.version}): a rollback made it"
+    return None
+
+
+def canary_since_ms(canary: Any) -> int:
+    """When a canary was published (epoch ms): the gate's evidence starts there."""
+    return _millis(canary.custom.get("created_at"))
+
+
 def _millis(value: Any) -> int:
     """A target's ``created_at`` (ISO 8601, or epoch ms) as epoch ms; 0 if absent."""
     if value is None or value == "":
@@ -170,17 +187,12 @@ class Gate:
         stable, canary = head.channel_head("stable"), head.channel_head("canary")
         out = GateDecision(domain, "nothing", "", None if stable is None else str(stable.version),
                            None if canary is None else str(canary.version))
-        if canary is None or stable is None:
-            out.reason = f"no {'canary' if canary is None else 'stable'} snapshot"
-            return out
-        if canary.version == stable.version:
-            out.reason = "the canary is the stable version"
-            return out
-        if canary.custom.get("derived_from") == str(stable.version):
-            out.reason = f"the canary carries the stable's state ({stable.version}): a rollback made it"
+        nothing = nothing_to_gate(stable, canary)
+        if nothing is not None:
+            out.reason = nothing
             return out
 
-        since = _millis(canary.custom.get("created_at"))
+        since = canary_since_ms(canary)
         tenant, workspace = self.publisher.tenant, self.publisher.workspace
         updates = self.read_log(domain, since)
         try:

@@ -19,6 +19,12 @@ The only module of the publisher that reads Kafka (through :mod:`streams`). It r
 4. **Keep metadata fresh.** Every ``refresh_every_seconds``, re-sign the timestamp (and
    snapshot/targets) of each published domain that is about to expire, so clients never see
    expired metadata while the publisher runs, even without new data.
+5. **Gate.** A domain with a ``promotion`` canary share is *gated*: its first version goes to
+   both channels, every later one to ``canary`` only, and never while a canary awaits its
+   verdict (learning goes on in the state; the next canary carries it). Every
+   ``promotion.every_s`` the :class:`~publisher.gate.Gate` judges the pending canary from the
+   joined log, which the worker tails from the updates topic (:class:`GateLog`): promote,
+   roll back, or wait and say why; logged and exported as metrics.
 
     run_publisher(settings.worker_config(), PublisherSettings(store, keys, root), stop=event)
 """
@@ -30,6 +36,7 @@ import logging
 import threading
 import time
 import uuid
+from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -37,7 +44,9 @@ from typing import Any
 from learner.domain import DomainSettings
 from learner.features import Normalizer
 from learner.policies import FORMAT_MAJOR, Drift, Policy, PolicyError
+from learner.evaluation.errors import EvaluationError
 from publisher.errors import GuardFailed, PublisherError, VersionConflict
+from publisher.gate import Gate, GateConfig, GateDecision, GateMetrics, nothing_to_gate
 from publisher.publish import Publisher, PublisherConfig, PublisherMetrics
 from publisher.signing import KeyRing
 from publisher.snapshot import SourceOffset
@@ -68,6 +77,8 @@ class PublisherSettings:
     max_records: int = 1000
     #: Consumer group; default: one of its own per process, so every replica reads everything.
     group_id: str | None = None
+    #: Newest logged decisions kept per gated domain for the gate (since its canary).
+    gate_max_rows: int = 200_000
 
 
 @dataclass
@@ -81,6 +92,10 @@ class PublisherStats:
     guard_failures: int = 0
     conflicts: int = 0
     errors: int = 0
+    #: publishes of a gated domain held back while its canary awaited a verdict
+    held: int = 0
+    #: the newest gate decisions
+    gate_decisions: deque[GateDecision] = field(default_factory=lambda: deque(maxlen=100))
 
 
 class PosteriorTable:
@@ -168,6 +183,48 @@ def policy_from_shards(
     return policy, drift, sources, skipped
 
 
+class GateLog:
+    """The joined log of the gated domains, tailed from the updates topic (a consumer group of
+    its own, from the earliest record): each domain's logged decisions since its pending
+    canary was published, the newest ``max_rows``."""
+
+    def __init__(self, config: WorkerConfig, domains: Iterable[str], max_rows: int) -> None:
+        self.tenant, self.workspace = config.tenant, config.workspace
+        self.serde = config.serde("update", topic=config.topics.updates)
+        self.consumer = BatchConsumer(config.kafka, f"banditstream-gate-{uuid.uuid4().hex[:8]}", [config.topics.updates])
+        self.rows: dict[str, deque[dict[str, Any]]] = {d: deque(maxlen=max_rows) for d in domains}
+        self.since: dict[str, int] = {d: 0 for d in domains}
+
+    def poll(self, timeout: float = 0.0) -> int:
+        """One poll; the records read (any domain)."""
+        batch = self.consumer.poll_batch(self.serde, max_records=10_000, timeout=timeout)
+        for update in batch.records:
+            rows = self.rows.get(update["domain"])
+            if (rows is not None and update["tenant"] == self.tenant and update["workspace"] == self.workspace
+                    and update["decision_time"] >= self.since[update["domain"]]):
+                rows.append(update)
+        return len(batch.messages) + len(batch.failures)
+
+    def read_to_end(self, budget_s: float = 5.0) -> None:
+        """Poll until a poll finds nothing (or ``budget_s`` runs out)."""
+        deadline = time.monotonic() + budget_s
+        while self.poll(0.2) and time.monotonic() < deadline:
+            pass
+
+    def read(self, domain: str, since_ms: int) -> list[dict[str, Any]]:
+        """The domain's rows decided at or after ``since_ms``; older ones are let go."""
+        self.since[domain] = since_ms
+        rows = self.rows[domain]
+        if any(row["decision_time"] < since_ms for row in rows):
+            kept = [row for row in rows if row["decision_time"] >= since_ms]
+            rows.clear()
+            rows.extend(kept)
+        return list(rows)
+
+    def close(self) -> None:
+        self.consumer.close()
+
+
 class _PublisherWorker:
     """One run of the worker loop; see the module docstring for the steps."""
 
@@ -188,27 +245,46 @@ class _PublisherWorker:
         #: or every_seconds after the start: a snapshot built half-way would lack arms.
         self._caught_up = False
         self._published: set[str] = set()
+        #: domain -> its gate's settings, for the domains with a canary share
+        self.gated = {
+            name: GateConfig.from_settings(d.promotion)
+            for name, d in config.domains.items() if getattr(d, "promotion", None) is not None and d.promotion.canary_share > 0
+        }  # fmt: skip
+        self.gate_log: GateLog | None = None
+        self.gate: Gate | None = None
+        if self.gated:
+            self.gate_log = GateLog(config, self.gated, settings.gate_max_rows)
+            self.gate = Gate(self.publisher, self.gate_log.read,
+                             metrics=GateMetrics(metrics.registry) if metrics is not None else None)
+        self._next_gate = {d: now + config.domains[d].promotion.every_s for d in self.gated}
 
     def run(self, stop: threading.Event, idle_timeout: float | None) -> PublisherStats:
         s = self.settings
         group = s.group_id or f"banditstream-publisher-{self.config.tenant}-{self.config.workspace}-{uuid.uuid4().hex[:8]}"
         serde = self.config.serde("posterior", topic=self.config.topics.posterior)
         last_record = time.monotonic()
-        with BatchConsumer(self.config.kafka, group, [self.config.topics.posterior]) as consumer:
-            while not stop.is_set():
-                batch = consumer.poll_batch(serde, max_records=s.max_records, timeout=s.poll_timeout)
-                if batch.next_offsets:
-                    last_record = time.monotonic()
-                else:
-                    self._caught_up = True
-                self._read(batch)
-                if not self._caught_up and time.monotonic() - self._started < s.every_seconds:
-                    continue
-                for domain in self._due():
-                    self._publish(domain)
-                self._refresh_metadata()
-                if idle_timeout is not None and time.monotonic() - last_record > idle_timeout:
-                    break
+        try:
+            with BatchConsumer(self.config.kafka, group, [self.config.topics.posterior]) as consumer:
+                while not stop.is_set():
+                    batch = consumer.poll_batch(serde, max_records=s.max_records, timeout=s.poll_timeout)
+                    if batch.next_offsets:
+                        last_record = time.monotonic()
+                    else:
+                        self._caught_up = True
+                    self._read(batch)
+                    if self.gate_log is not None:
+                        self.gate_log.poll()
+                    if not self._caught_up and time.monotonic() - self._started < s.every_seconds:
+                        continue
+                    for domain in self._due():
+                        self._publish(domain)
+                    self._run_gates()
+                    self._refresh_metadata()
+                    if idle_timeout is not None and time.monotonic() - last_record > idle_timeout:
+                        break
+        finally:
+            if self.gate_log is not None:
+                self.gate_log.close()
         return self.stats
 
     def _read(self, batch: Any) -> None:
@@ -232,6 +308,21 @@ class _PublisherWorker:
     def _publish(self, domain: str) -> None:
         self._last_attempt[domain] = time.monotonic()
         self.table.mark(domain)
+        channels = None
+        if domain in self.gated:
+            try:
+                head = self.publisher.repository(domain).head()
+            except PublisherError as exc:
+                self.stats.errors += 1
+                log.error("%s: reading the channels failed: %s", domain, exc)
+                return
+            stable, canary = head.channel_head("stable"), head.channel_head("canary")
+            if stable is not None:
+                if nothing_to_gate(stable, canary) is None:
+                    self.stats.held += 1
+                    log.info("%s: canary %s awaits the gate's verdict; the new state waits", domain, canary.version)
+                    return
+                channels = ("canary",)
         policy, drift, offsets, skipped = policy_from_shards(self.config.domains[domain], self.table.shards(domain))
         for warning in skipped:
             log.warning("%s: shard left out of the snapshot: %s", domain, warning)
@@ -240,7 +331,8 @@ class _PublisherWorker:
         try:
             features = self.config.domains[domain].features
             normalizer = self.table.normalizer(domain, features.config_hash()) if features.normalize else None
-            result = self.publisher.publish(domain, policy, normalizer=normalizer, drift=drift, source_offsets=offsets)
+            result = self.publisher.publish(domain, policy, normalizer=normalizer, drift=drift, source_offsets=offsets,
+                                            channels=channels)
         except GuardFailed:
             self.stats.guard_failures += 1  # logged and counted by the publisher
         except VersionConflict as exc:
@@ -252,6 +344,22 @@ class _PublisherWorker:
         else:
             self.stats.published.append((domain, result.version))
             self._published.add(domain)
+
+    def _run_gates(self) -> None:
+        now = time.monotonic()
+        due = [d for d, at in self._next_gate.items() if now >= at]
+        if not due:
+            return
+        self.gate_log.read_to_end()
+        for domain in due:
+            self._next_gate[domain] = time.monotonic() + self.config.domains[domain].promotion.every_s
+            try:
+                decision = self.gate.run(domain, self.gated[domain])
+            except (PublisherError, EvaluationError, ValueError) as exc:
+                self.stats.errors += 1
+                log.error("%s: the gate failed: %s", domain, exc)
+                continue
+            self.stats.gate_decisions.append(decision)
 
     def _unchanged(self, domain: str, offsets: list[SourceOffset]) -> bool:
         """The newest published version already holds exactly these offsets (e.g. after a restart)."""
