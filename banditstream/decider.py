@@ -11,6 +11,10 @@
     decider = Decider("llm_routing", repository=stable_client, canary_repository=canary_client, canary_share=0.1)
     d = decider.decide(context, actions, unit_key=user_id)      # d.channel: "stable" or "canary"
 
+    # A candidate rides along, never acting: every event logs its distribution for evaluation.
+    decider = Decider("llm_routing", repository=stable_client, shadow_repository=candidate_client)
+    d = decider.decide(context, actions)      # d.recommended_probabilities, d.recommended_version
+
 What ``decide`` does, in order (microseconds; no network, no locks on the hot path):
 
 1. **Mode.** ``off`` (the baseline acts), ``shadow`` (the policy recommends, the baseline
@@ -28,8 +32,15 @@ What ``decide`` does, in order (microseconds; no network, no locks on the hot pa
 4. **Snapshot.** The policy of the channel's newest verified snapshot, swapped in atomically
    by a background refresh. No snapshot, an expired one, or one whose drift flag is set: the
    baseline decides and the fallback is counted by reason.
-5. **Choice.** The policy's full distribution (exploration floor included) and a draw.
-6. **Emit.** The DecisionEvent goes to Kafka without waiting (delivery callbacks), or to the
+5. **Choice.** The policy's full distribution (exploration floor included) and a draw. In
+   ``shadow`` mode the baseline acts, and the policy's distribution and version are logged as
+   the recommendation (``recommended_probabilities``, ``recommended_version``).
+6. **Shadow.** With a shadow snapshot held (``shadow_repository``; in any mode), it scores
+   the same context and candidates (0 for the shielded-out ones), and its distribution and
+   version are logged as the recommendation instead; it never acts, and draws from its own
+   generator, so the acting policy's draws are those it would draw without it. That log
+   makes the shadow a candidate for off-policy evaluation with no live traffic of its own.
+7. **Emit.** The DecisionEvent goes to Kafka without waiting (delivery callbacks), or to the
    local spool while Kafka is unreachable. An event the join would dead-letter for its size
    (:class:`~streams.validation.ValidationLimits`) is refused instead: ``decide`` raises
    :class:`~streams.errors.FieldTooLarge` or :class:`~streams.errors.TooManyActions` and
@@ -75,6 +86,9 @@ MODES = ("live", "shadow", "off")
 #: snapshot channels a decision can be routed to (the DecisionEvent's ``channel``)
 CHANNELS = ("stable", "canary")
 _STABLE, _CANARY = CHANNELS
+#: the snapshot slot that only recommends (scored beside every decision, never routed to)
+_SHADOW = "shadow"
+_SLOTS = (*CHANNELS, _SHADOW)
 _FALSE = {"0", "false", "no", "off", "disabled"}
 _TRUE = {"1", "true", "yes", "on", "enabled"}
 _EVENT_FORM = frozenset(("numeric", "categorical", "vector"))
@@ -164,6 +178,11 @@ class Decision:
     fallback: str | None = None
     #: the snapshot channel the decision was routed to: ``stable`` or ``canary``
     channel: str = _STABLE
+    #: the distribution over the actions of the policy that recommended without acting (the
+    #: shadow snapshot's, else the policy's in shadow mode); empty when none did
+    recommended_probabilities: tuple[float, ...] = ()
+    #: the version of the snapshot that gave ``recommended_probabilities``
+    recommended_version: str = ""
 
 
 class _Tracker:
@@ -194,7 +213,8 @@ class _Tracker:
 
 
 class DeciderMetrics:
-    """The SDK's Prometheus metrics; every series names the snapshot channel (stable, canary)."""
+    """The SDK's Prometheus metrics; every series names the snapshot channel (stable, canary),
+    the snapshot series also the shadow's (channel ``shadow``)."""
 
     def __init__(self, registry: CollectorRegistry | None = None):
         self.registry = registry or CollectorRegistry()
@@ -235,6 +255,9 @@ class Decider:
             the same background thread and swapped in the same way. None: no canary.
         canary_share: the share of units routed to the canary, in [0, 1); default the
             domain's ``settings.promotion.canary_share``.
+        shadow_repository: the same for a shadow snapshot, scored beside every decision and
+            logged as its recommendation, never acting (e.g. a ``SnapshotClient`` of the
+            candidate's channel with its own ``cache_dir``). None: no shadow.
         kafka: where to emit events (``KafkaSettings`` or a bootstrap string); None emits
             nothing (offline use, tests).
         mode: ``live``, ``shadow`` or ``off``; environment switches override it.
@@ -243,7 +266,9 @@ class Decider:
         spool_path: the local spool file for events while Kafka is unreachable.
         spool_max_bytes, spool_overflow: the spool's bound, and which events go past it:
             ``drop_newest`` (new events are refused) or ``drop_oldest``; counted either way.
-        seed: seeds the choice draws (same seed and snapshot: same choices).
+        seed: seeds the choice draws (same seed and snapshot: same choices); the shadow's
+            own generator is seeded alike, so it logs the distributions a Decider with this
+            seed deciding with the shadow snapshot would.
     """
 
     def __init__(
@@ -269,6 +294,7 @@ class Decider:
         clock: Callable[[], float] = time.time,
         canary_repository: SnapshotSource | None = None,
         canary_share: float | None = None,
+        shadow_repository: SnapshotSource | None = None,
     ):
         self.domain = domain
         self.tenant = tenant
@@ -283,6 +309,7 @@ class Decider:
         if mode is not None and mode not in MODES:
             raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
         self._rng = np.random.default_rng(seed)
+        self._shadow_rng = np.random.default_rng(seed)  # its own: the acting draws never depend on the shadow
         self._validator = Validator(limits or ValidationLimits())
         self._max_actions = self._validator.max_actions_of(self.settings.max_actions)
         for name, value in (("tenant", tenant), ("workspace", workspace), ("domain", domain)):
@@ -297,11 +324,13 @@ class Decider:
         self._remember = remember_decisions
         self._active: ActivePolicy | None = None
         self._canary: ActivePolicy | None = None
+        self._shadow: ActivePolicy | None = None
         self.canary_share = self.settings.promotion.canary_share if canary_share is None else canary_share
         if getattr(canary_repository, "channel", _CANARY) != _CANARY:
             raise ValueError(f"canary_repository follows the {canary_repository.channel!r} channel; give it channel='canary'")
         self._repository = _source(repository)
         self._canary_repository = _source(canary_repository)
+        self._shadow_repository = _source(shadow_repository)
         self._emitter = None
         if kafka is not None:
             from banditstream.emitter import EventEmitter
@@ -317,7 +346,7 @@ class Decider:
             )
         self._stop = threading.Event()
         self._refresh_thread = None
-        if self._repository is not None or self._canary_repository is not None:
+        if any(s is not None for s in (self._repository, self._canary_repository, self._shadow_repository)):
             self.refresh()  # first snapshots synchronously, so decide() starts informed
             self._refresh_thread = threading.Thread(
                 target=self._refresh_loop, args=(refresh_interval_s,), name=f"banditstream-refresh-{domain}", daemon=True
@@ -354,6 +383,12 @@ class Decider:
         """The canary snapshot's version; empty without one."""
         canary = self._canary
         return canary.version if canary is not None else ""
+
+    @property
+    def shadow_version(self) -> str:
+        """The shadow snapshot's version; empty without one."""
+        shadow = self._shadow
+        return shadow.version if shadow is not None else ""
 
     @property
     def canary_share(self) -> float:
@@ -403,6 +438,8 @@ class Decider:
         allowed = self._shield(acts, max_cost, max_latency_ms, channel)
         fallback = None
         recommended_index = -1
+        recommended_probabilities: list[float] = []
+        recommended_version = ""
         probabilities = [0.0] * len(acts)
         baseline = allowed[0]
         if mode == "off":
@@ -427,6 +464,8 @@ class Decider:
                     recommended_index = allowed[choice.chosen]
                     chosen = baseline
                     probabilities[baseline] = 1.0
+                    recommended_probabilities = _spread(choice.probabilities, allowed, len(acts))
+                    recommended_version = active.version
                 elif len(allowed) == len(acts):
                     chosen = choice.chosen
                     probabilities = choice.probabilities.tolist()
@@ -434,6 +473,13 @@ class Decider:
                     chosen = allowed[choice.chosen]
                     for slot, p in zip(allowed, choice.probabilities.tolist()):
                         probabilities[slot] = p
+        shadow = self._shadow
+        if shadow is not None and self._clock() <= shadow.expires_at and not shadow.drift_flag:
+            candidates = acts if len(allowed) == len(acts) else [acts[i] for i in allowed]
+            X = shadow.encoder.action_matrix(ctx, candidates)
+            scored = shadow.policy.probabilities(X, [a["id"] for a in candidates], rng=self._shadow_rng)
+            recommended_probabilities = _spread(scored.probabilities, allowed, len(acts))
+            recommended_version = shadow.version
         version = active.version if (active is not None and fallback is None and mode != "off") else ""
         event = {
             "event_id": event_id,
@@ -450,6 +496,8 @@ class Decider:
             "deferred": False,
             "recommended": recommended_index,
             "channel": channel,
+            "recommended_probabilities": recommended_probabilities,
+            "recommended_version": recommended_version,
         }
         if self._emitter is not None:
             payload = self._serde_decision.encode(event)
@@ -459,7 +507,10 @@ class Decider:
         self._remember_arm(event_id, acts[chosen]["id"])
         self._decisions[channel][mode].inc()
         self._decide_latency.observe(time.perf_counter() - started)
-        return Decision(
+        # A frozen dataclass's __init__ sets each of its eleven fields through object.__setattr__
+        # (~0.25 us each): the same fields in one update of the new instance's dict.
+        decision = object.__new__(Decision)
+        decision.__dict__.update(
             action=acts[chosen]["id"],
             index=chosen,
             probabilities=tuple(probabilities),
@@ -469,7 +520,10 @@ class Decider:
             recommended=acts[recommended_index]["id"] if recommended_index >= 0 else None,
             fallback=fallback,
             channel=channel,
+            recommended_probabilities=tuple(recommended_probabilities),
+            recommended_version=recommended_version,
         )
+        return decision
 
     def reward(
         self,
@@ -508,17 +562,19 @@ class Decider:
     # -- snapshots ------------------------------------------------------------------------
 
     def refresh(self) -> bool:
-        """Look for newer verified snapshots now (stable, then canary); True if one was swapped in."""
+        """Look for newer verified snapshots now (stable, canary, shadow); True if one was swapped in."""
         swapped = False
-        for channel, source in ((_STABLE, self._repository), (_CANARY, self._canary_repository)):
+        sources = ((_STABLE, self._repository), (_CANARY, self._canary_repository), (_SHADOW, self._shadow_repository))
+        for channel, source in sources:
             if source is not None:
                 swapped = self._refresh(channel, source) or swapped
         return swapped
 
     def use(self, active: ActivePolicy | None, *, channel: str = _STABLE) -> None:
-        """Swap in a snapshot directly (tests, embedded use); ``channel="canary"`` for the canary."""
-        if channel not in CHANNELS:
-            raise ValueError(f"channel must be one of {', '.join(CHANNELS)}, got {channel!r}")
+        """Swap in a snapshot directly (tests, embedded use); ``channel="canary"`` for the canary,
+        ``"shadow"`` for the shadow."""
+        if channel not in _SLOTS:
+            raise ValueError(f"channel must be one of {', '.join(_SLOTS)}, got {channel!r}")
         if active is not None:
             _warm(active)
         self._swap(channel, active)
@@ -530,9 +586,9 @@ class Decider:
             kind = getattr(exc, "kind", None) or _snake(type(exc).__name__)
             self.metrics.verification_failures.labels(self.domain, channel, kind).inc()
             held = self._held(channel)
-            keeping = held.version if held is not None else ("the baseline" if channel == _STABLE else "no canary")
-            # An empty canary channel is the usual state between experiments, not a fault.
-            level = logging.DEBUG if channel == _CANARY and kind == "not_found" else logging.WARNING
+            keeping = held.version if held is not None else ("the baseline" if channel == _STABLE else f"no {channel}")
+            # An empty canary (or shadow) channel is the usual state between experiments, not a fault.
+            level = logging.DEBUG if channel != _STABLE and kind == "not_found" else logging.WARNING
             log.log(level, "%s snapshot refresh for %s failed (%s): keeping %s", channel, self.domain, exc, keeping)
             return False
         current = self._held(channel)
@@ -542,17 +598,22 @@ class Decider:
         _warm(fresh)
         self._swap(channel, fresh)
         self._update_age()
-        log.info("domain %s now decides its %s traffic with snapshot %s", self.domain, channel, fresh.version)
+        if channel == _SHADOW:
+            log.info("domain %s now scores snapshot %s in the shadow of its decisions", self.domain, fresh.version)
+        else:
+            log.info("domain %s now decides its %s traffic with snapshot %s", self.domain, channel, fresh.version)
         return True
 
     def _held(self, channel: str) -> ActivePolicy | None:
-        return self._canary if channel == _CANARY else self._active
+        return self._canary if channel == _CANARY else self._shadow if channel == _SHADOW else self._active
 
     def _swap(self, channel: str, fresh: ActivePolicy | None) -> None:
         current = self._held(channel)
         # one reference assignment: decide() sees old or new, never half
         if channel == _CANARY:
             self._canary = fresh
+        elif channel == _SHADOW:
+            self._shadow = fresh
         else:
             self._active = fresh
         if current is not None and (fresh is None or fresh.version != current.version):
@@ -566,7 +627,7 @@ class Decider:
             self.refresh()
 
     def _update_age(self) -> None:
-        for channel in CHANNELS:
+        for channel in _SLOTS:
             held = self._held(channel)
             if held is not None:
                 self.metrics.snapshot_age.labels(self.domain, channel).set(max(0.0, self._clock() - held.created_at))
@@ -657,6 +718,16 @@ def stable_hash(key: str) -> float:
 
 
 _UNIT = 2.0**-53
+
+
+def _spread(p: np.ndarray, allowed: list[int], n: int) -> list[float]:
+    """A distribution over the ``allowed`` candidates as one over all ``n`` (0 for the others)."""
+    if len(allowed) == n:
+        return p.tolist()
+    out = [0.0] * n
+    for slot, value in zip(allowed, p.tolist()):
+        out[slot] = value
+    return out
 
 
 def _source(source: Any) -> SnapshotSource | None:

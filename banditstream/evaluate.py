@@ -8,17 +8,18 @@ The workflow, in order:
    joined here with the domain's reward engine, features hashed by the domain's encoder).
 2. **Candidates** (:func:`parse_candidates`): ``uniform``, ``logging``, ``always:ARM``,
    ``snapshot:VERSION`` or ``snapshot:CHANNEL`` (verified from the repository, as a client
-   pulls it), and policy specs trained progressively on the log, with grids:
-   ``lin_ts(v=0.1|0.3|1,eps0=0|0.05)`` is six candidates.
+   pulls it), ``shadow`` or ``shadow:VERSION`` (the distributions a shadow policy logged beside
+   the decisions, on the rows that carry them), and policy specs trained progressively on the
+   log, with grids: ``lin_ts(v=0.1|0.3|1,eps0=0|0.05)`` is six candidates.
 3. **Estimate** (:func:`evaluate_candidates`): one cross-fitted reward model for the
    model-based estimators, then every candidate's ``action_dist`` from its own decision code
    and every estimator with its interval and diagnostics, all on the same rows.
 4. **Report**: a table (:func:`results_table`), a forest plot (:func:`forest_plot`) with the
    logging policy's on-policy value as the reference line, and JSON (:meth:`Evaluation.to_dict`).
 
-    >>> candidates = parse_candidates("uniform,always:gpt-large,lin_ucb(alpha=0.1|1.0)", snapshots=None)
+    >>> candidates = parse_candidates("uniform,always:gpt-large,shadow:1.2.0,lin_ucb(alpha=0.1|1.0)", snapshots=None)
     >>> [c.name for c in candidates]
-    ['uniform', 'always:gpt-large', 'lin_ucb(alpha=0.1)', 'lin_ucb(alpha=1.0)']
+    ['uniform', 'always:gpt-large', 'shadow:1.2.0', 'lin_ucb(alpha=0.1)', 'lin_ucb(alpha=1.0)']
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from typing import Any
 
 
 from learner.domain import DomainSettings
-from learner.evaluation import AlwaysArm, Candidate, Fixed, LoggedBandit, Logging, Progressive, Uniform
+from learner.evaluation import AlwaysArm, Candidate, Fixed, LoggedBandit, Logging, Progressive, Recommended, Uniform
 from learner.evaluation.run import CandidateResult, Evaluation, evaluate_candidates
 from learner.features import FeatureEncoder
 from streams.errors import BanditstreamError
@@ -132,6 +133,8 @@ def _joined_events(path: Path, domain: str, settings: DomainSettings, tenant: st
             "decision_time": int(d["timestamp"]), "policy_version": d.get("policy_version", ""),
             "mode": d.get("mode") or "live", "join_status": "rewarded" if got else "default",
             "feature_hash": settings.features.config_hash(),
+            "recommended_probabilities": list(d.get("recommended_probabilities") or ()),
+            "recommended_version": d.get("recommended_version", ""),
         })  # fmt: skip
     return out
 
@@ -188,6 +191,8 @@ def parse_candidates(
             out.append(Logging())
         elif spec.startswith("always:") and len(spec) > 7:
             out.append(AlwaysArm(spec[7:]))
+        elif spec == "shadow" or (spec.startswith("shadow:") and len(spec) > 7):
+            out.append(Recommended(spec[7:] or None))
         elif spec.startswith("snapshot:") and len(spec) > 9:
             if snapshots is None:
                 raise EvaluationInputError(f"candidate {spec!r} needs the snapshot repository")
@@ -198,7 +203,7 @@ def parse_candidates(
             if match is None:
                 raise EvaluationInputError(
                     f"candidate {spec!r} is none of uniform, logging, always:ARM, snapshot:VERSION|CHANNEL, "
-                    "POLICY(param=v1|v2,...)"
+                    "shadow[:VERSION], POLICY(param=v1|v2,...)"
                 )
             grid: dict[str, list[Any]] = {}
             for item in _split_top((match["params"] or "").replace(" ", "")):
@@ -249,11 +254,16 @@ def results_table(run: Evaluation):
     for result in run.ranked():
         for name in run.estimators:
             e = result.estimates[name]
-            row = [result.name if name == run.estimators[0] else "", name, f"{e.estimate:.4f}",
+            row = [_label(result, run) if name == run.estimators[0] else "", name, f"{e.estimate:.4f}",
                    f"{e.lower:.4f}-{e.upper:.4f}", f"{e.ess:,.0f}", f"{e.max_weight:.1f}"]
             table.add_row(*row, *(["; ".join(e.warnings)] if notes else []))
         table.add_section()
     return table
+
+
+def _label(result: CandidateResult, run: Evaluation) -> str:
+    """The candidate's name, and the rows it was estimated on when they are not all the log's."""
+    return result.name if result.rows == run.rows else f"{result.name} ({result.rows:,} of {run.rows:,} rows)"
 
 
 def _level(run: Evaluation) -> float:
@@ -277,7 +287,7 @@ def forest_plot(run: Evaluation, path: str | Path) -> Path:
             e = result.estimates[name]
             ax.errorbar(e.estimate, y, xerr=[[e.estimate - e.lower], [e.upper - e.estimate]], fmt="o", capsize=3,
                         color=colors[j % len(colors)], label=name if result is ranked[-1] else None)
-            labels.append(f"{result.name} · {name}")
+            labels.append(f"{_label(result, run)} · {name}")
             y += 1
         y += 0.5
     ticks = [i + 0.5 * (i // len(run.estimators)) for i in range(len(labels))]

@@ -625,6 +625,8 @@ class JoinCore:
             "mode": event.get("mode") or "live",
             "policy_version": event.get("policy_version") or "",
             "channel": event.get("channel") or "stable",
+            "recommended_probabilities": event.get("recommended_probabilities") or [],
+            "recommended_version": event.get("recommended_version") or "",
             "decision_time": event["timestamp"],
             "weight": 1.0,
             "_shard": shard,

@@ -16,7 +16,8 @@ Decision checks, in order:
 5. ``chosen`` (and ``recommended`` unless -1) index an action  (:class:`ChosenOutOfRange`)
 6. each probability is finite and not negative, and
    ``|sum(p) - 1| <= probability_tolerance``
-   (:class:`NonFiniteValue`, :class:`NegativeProbability`, :class:`ProbabilitiesDoNotSumToOne`)
+   (:class:`NonFiniteValue`, :class:`NegativeProbability`, :class:`ProbabilitiesDoNotSumToOne`);
+   the same for ``recommended_probabilities`` unless it is empty, one per action too
 7. ids (``event_id``, ``tenant``, ``workspace``, ``domain``, ``policy_version``) of at most
    ``max_id_bytes``                                            (:class:`FieldTooLarge`)
 8. context features, then each action's id and features: at most ``max_features`` named
@@ -325,6 +326,8 @@ class Validator:
         if recommended != -1:
             _check_index(recommended, "recommended", n, "must index one of the actions, or be -1")
         self._check_distribution(probabilities)
+        if event.get("recommended_probabilities"):
+            self._check_recommendation(event["recommended_probabilities"], n)
 
         # What the encoding's size does not already prove (see the module docstring).
         ids = encoded_size is None or encoded_size > self._max_id
@@ -375,6 +378,15 @@ class Validator:
                 f"sum({name})", total, f"must be 1 within {self._tolerance:g} ({name}: {_short(probabilities)})"
             )
 
+    def _check_recommendation(self, probabilities: Sequence[float], n: int) -> None:
+        """A shadow policy's logged distribution: one probability per action, summing to 1."""
+        if len(probabilities) != n:
+            raise ProbabilityCountMismatch(
+                "len(recommended_probabilities)", len(probabilities),
+                f"empty or one probability per action expected ({n} actions)",
+            )
+        self._check_distribution(probabilities, "recommended_probabilities")
+
     # -- rewards -------------------------------------------------------------------------
 
     def validate_reward(self, event: Mapping[str, Any], *, encoded_size: int | None = None) -> Mapping[str, Any]:
@@ -415,7 +427,8 @@ class Validator:
         Order: ``event_id``, ``domain``, ids of at most ``max_id_bytes`` (action ids
         included), at most ``max_actions`` actions (or the domain's), ``probabilities`` one
         per action, ``arm_index`` within the actions (when they are listed), ``probability``
-        finite and in [0, 1], the logged distribution (when given), ``features`` at most
+        finite and in [0, 1], the logged distribution and the recommended one (when given),
+        one probability per action each, ``features`` at most
         ``max_vector_dim`` long and finite, ``reward``, ``weight`` finite, at most
         ``max_signals`` signals, finite, encoded size. The feature vector is the hashed one,
         whose length is the model's, not the domain's ``vector_dim``, so the model's owner
@@ -452,6 +465,8 @@ class Validator:
             raise NegativeProbability("probability", probability, "probabilities must not be negative")
         if probabilities:
             self._check_distribution(probabilities)
+        if event.get("recommended_probabilities"):
+            self._check_recommendation(event["recommended_probabilities"], n)
         features = event.get("features")
         if features is not None and len(features):
             if len(features) > self._max_vector:

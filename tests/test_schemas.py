@@ -39,6 +39,10 @@ def _records(schema: object):
             yield from _records(branch)
 
 
+#: fields the decision gained after version 1 (decoded with their defaults from older records)
+SINCE_V1 = ("recommended", "channel", "recommended_probabilities", "recommended_version")
+
+
 def v1_decision() -> dict:
     """A DecisionEvent as a version-1 producer writes it (no ``recommended``)."""
     return {
@@ -101,7 +105,7 @@ def test_every_field_added_after_v1_has_a_default(name):
 
 
 def test_decision_history_holds_the_real_v1_without_recommended():
-    assert schemas.history("decision") == [1, 2]
+    assert schemas.history("decision") == [1, 2, 3]
     v1_fields = [f["name"] for f in schemas.load("decision", 1)["fields"]]
     current = {f["name"]: f for f in schemas.load("decision")["fields"]}
     assert "recommended" not in v1_fields
@@ -111,20 +115,20 @@ def test_decision_history_holds_the_real_v1_without_recommended():
 
 def test_decision_history_holds_the_real_v2_with_recommended_and_without_channel():
     v2 = schemas.load("decision", 2)
-    current = schemas.load("decision")
-    assert [f["name"] for f in v2["fields"]] == [f["name"] for f in current["fields"]][:-1]
-    assert current["fields"][-1] == {**current["fields"][-1], "name": "channel", "type": "string", "default": "stable"}
-    assert len({schemas.fingerprint("decision", v) for v in (1, 2, None)}) == 3
+    v3 = schemas.load("decision", 3)
+    assert [f["name"] for f in v2["fields"]] == [f["name"] for f in v3["fields"]][:-1]
+    assert v3["fields"][-1] == {**v3["fields"][-1], "name": "channel", "type": "string", "default": "stable"}
+    assert len({schemas.fingerprint("decision", v) for v in (1, 2, 3, None)}) == 4
 
 
 def test_update_history_holds_the_real_v1_without_channel():
-    assert schemas.history("update") == [1]
+    assert schemas.history("update") == [1, 2]
     v1_fields = [f["name"] for f in schemas.load("update", 1)["fields"]]
-    current = {f["name"]: f for f in schemas.load("update")["fields"]}
+    v2 = {f["name"]: f for f in schemas.load("update", 2)["fields"]}
     assert "channel" not in v1_fields
-    assert [name for name in current if name not in v1_fields] == ["channel"]
-    assert (current["channel"]["type"], current["channel"]["default"]) == ("string", "stable")
-    assert schemas.fingerprint("update", 1) != schemas.fingerprint("update")
+    assert [name for name in v2 if name not in v1_fields] == ["channel"]
+    assert (v2["channel"]["type"], v2["channel"]["default"]) == ("string", "stable")
+    assert len({schemas.fingerprint("update", v) for v in (1, 2, None)}) == 3
 
 
 def test_current_reader_reads_v1_single_object_data_with_recommended_defaulted():
@@ -136,7 +140,7 @@ def test_current_reader_reads_v1_single_object_data_with_recommended_defaulted()
     event = reader.decode(payload)
 
     assert (event["recommended"], event["channel"]) == (-1, "stable")
-    assert {k: v for k, v in event.items() if k not in ("recommended", "channel")} == v1_decision()
+    assert {k: v for k, v in event.items() if k not in SINCE_V1} == v1_decision()
 
 
 def test_current_reader_reads_v1_confluent_data_with_recommended_defaulted():
@@ -150,7 +154,7 @@ def test_current_reader_reads_v1_confluent_data_with_recommended_defaulted():
     event = reader.decode(payload)
 
     assert (event["recommended"], event["channel"]) == (-1, "stable")
-    assert {k: v for k, v in event.items() if k not in ("recommended", "channel")} == v1_decision()
+    assert {k: v for k, v in event.items() if k not in SINCE_V1} == v1_decision()
     # The newer schema registers as a second version of the same subject.
     assert reader.schema_id() != v1_id
     assert sorted(registry.get_versions("bandit.decisions-value")) == [1, 2]  # the mock keeps a set
@@ -234,9 +238,7 @@ def test_records_written_before_channel_decode_as_stable_in_both_framings_and_pa
     batch = reader.decode_batch([payload, payload])
 
     assert one["channel"] == "stable"
-    assert {k: v for k, v in one.items() if k not in ("channel", "recommended")} == {
-        k: v for k, v in record().items() if k != "recommended"
-    }
+    assert {k: v for k, v in one.items() if k not in SINCE_V1} == {k: v for k, v in record().items() if k != "recommended"}
     assert batch == [one, one]
     (read,) = reader._readers.values()
     assert hasattr(read, "__source__") == (decode_path == "python")  # the path the test meant
@@ -277,3 +279,89 @@ def test_a_reader_still_on_the_previous_schema_reads_channel_events(name, old, r
 
     assert end == len(payload)
     assert event == record()  # everything but the channel, which this reader does not know
+
+
+# -- version 4 of the decision and version 3 of the update: a shadow policy's recommendation ----
+
+NO_RECOMMENDATION = {"recommended_probabilities": [], "recommended_version": ""}
+SHADOW = {"recommended_probabilities": [0.125, 0.875], "recommended_version": "2.0.0"}
+
+
+def v3_decision() -> dict:
+    """A DecisionEvent as a version-3 producer writes it (``channel``, no recommendation)."""
+    return {**v2_decision(), "event_id": "evt-v3", "channel": "canary"}
+
+
+def v2_update() -> dict:
+    """An UpdateEvent as a version-2 join writes it (``channel``, no recommendation)."""
+    return {**v1_update(), "event_id": "evt-v3", "channel": "canary"}
+
+
+BEFORE_SHADOW = OLD_WRITERS + [("decision", 3, v3_decision), ("update", 2, v2_update)]
+
+
+def test_history_holds_the_real_decision_v3_and_update_v2_without_the_recommendation():
+    for name, previous in (("decision", 3), ("update", 2)):
+        old = [f["name"] for f in schemas.load(name, previous)["fields"]]
+        current = {f["name"]: f for f in schemas.load(name)["fields"]}
+        assert [n for n in current if n not in old] == list(NO_RECOMMENDATION)
+        assert [n for n in current if n in old] == old  # nothing else moved
+        assert {n: current[n]["default"] for n in NO_RECOMMENDATION} == NO_RECOMMENDATION
+        assert current["recommended_probabilities"]["type"] == {"type": "array", "items": "double"}
+        assert schemas.fingerprint(name, previous) != schemas.fingerprint(name)
+
+
+@pytest.mark.parametrize("framing", ["single_object", "confluent"])
+@pytest.mark.parametrize(("name", "version", "record"), BEFORE_SHADOW, ids=lambda v: getattr(v, "__name__", str(v)))
+def test_records_written_before_the_recommendation_decode_without_one_in_both_framings_and_paths(
+    name, version, record, framing, decode_path
+):
+    payload, reader = _old_payloads(name, version, record(), framing, f"shadow-{name}-{version}-{framing}-{decode_path}")
+    if framing == "single_object":
+        assert payload[2:10] == schemas.fingerprint(name, version)  # resolved from schemas/history
+
+    one = reader.decode(payload)
+    batch = reader.decode_batch([payload, payload])
+
+    assert {k: one[k] for k in NO_RECOMMENDATION} == NO_RECOMMENDATION
+    assert one["event_id"] == record()["event_id"] and one["channel"] == record().get("channel", "stable")
+    assert batch == [one, one]
+    (read,) = reader._readers.values()
+    assert hasattr(read, "__source__") == (decode_path == "python")  # the path the test meant
+
+
+@pytest.mark.parametrize(("name", "version", "record"), BEFORE_SHADOW, ids=lambda v: getattr(v, "__name__", str(v)))
+def test_records_from_confluents_own_serializer_before_the_recommendation_decode_without_one(name, version, record):
+    registry = SchemaRegistryClient.new_client({"url": f"mock://shadow-confluent-{name}-{version}"})
+    serializer = AvroSerializer(registry, schemas.schema_str(name, version))
+    payload = serializer(record(), SerializationContext(TOPICS[name], MessageField.VALUE))
+
+    event = AvroSerde(name, registry=registry, topic=TOPICS[name]).decode(payload)
+
+    assert {k: event[k] for k in NO_RECOMMENDATION} == NO_RECOMMENDATION
+    assert event["event_id"] == record()["event_id"]
+
+
+@pytest.mark.parametrize("framing", ["single_object", "confluent"])
+@pytest.mark.parametrize(("name", "record"), [("decision", v3_decision), ("update", v2_update)])
+def test_current_writers_default_the_recommendation_to_none_and_carry_a_shadows(name, record, framing, decode_path):
+    registry = SchemaRegistryClient.new_client({"url": f"mock://shadow-now-{name}-{framing}"}) if framing == "confluent" else None
+    serde = AvroSerde(name, framing=framing, registry=registry, topic=TOPICS[name])
+
+    implicit = serde.decode(serde.encode(record()))  # a writer that predates the fields
+    shadow = serde.decode(serde.encode({**record(), **SHADOW}))
+
+    assert implicit == {**record(), **NO_RECOMMENDATION}
+    assert shadow == {**record(), **SHADOW}
+
+
+@pytest.mark.parametrize(("name", "old", "record"), [("decision", 3, v3_decision), ("update", 2, v2_update)])
+def test_a_reader_still_on_the_previous_schema_reads_events_with_a_recommendation(name, old, record, decode_path):
+    """Forward compatibility, for rolling upgrades: a consumer not yet upgraded skips the fields."""
+    payload = AvroSerde(name, framing="single_object").encode({**record(), **SHADOW})
+    read = _avrocodec.build_reader(schemas.load(name), schemas.load(name, old))
+
+    event, end = read(payload, 10)
+
+    assert end == len(payload)
+    assert event == record()

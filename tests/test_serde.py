@@ -64,6 +64,8 @@ def decision(i: int = 0, *, seed: int = 7) -> dict:
         "deferred": False,
         "recommended": -1,
         "channel": "stable",
+        "recommended_probabilities": [],
+        "recommended_version": "",
     }
 
 
@@ -98,6 +100,8 @@ SAMPLES = {
         "mode": "live",
         "policy_version": "2.0.1",
         "channel": "stable",
+        "recommended_probabilities": [0.1, 0.9],
+        "recommended_version": "2.1.0",
         "decision_time": 1_700_000_000_000,
         "reward_time": 1_700_000_000_500,
         "weight": 1.0,
@@ -209,14 +213,10 @@ def test_timestamps_are_int_millis_and_datetimes_are_accepted_on_encode():
 def test_missing_fields_with_defaults_are_written_as_their_defaults():
     s = serde("single_object")
     event = decision()
-    sparse = {k: v for k, v in event.items() if k not in ("tenant", "workspace", "policy_version", "recommended")}
+    defaulted = ("tenant", "workspace", "policy_version", "recommended", "recommended_probabilities", "recommended_version")
+    sparse = {k: v for k, v in event.items() if k not in defaulted}
     decoded = s.decode(s.encode(sparse))
-    assert (decoded["tenant"], decoded["workspace"], decoded["policy_version"], decoded["recommended"]) == (
-        "default",
-        "main",
-        "",
-        -1,
-    )
+    assert [decoded[k] for k in defaulted] == ["default", "main", "", -1, [], ""]
 
 
 def test_encoding_an_event_without_a_required_field_fails():
@@ -371,9 +371,10 @@ def test_another_event_type_is_incompatible_not_misread():
 def test_bytes_that_are_not_avro_of_the_schema_are_corrupt():
     s = serde("single_object")
     payload = bytearray(s.encode(decision()))
-    # The mode enum sits just before `deferred`, `recommended` (one byte each) and `channel` ("stable": 7 bytes).
-    assert payload[-10] == 0  # index of "live"
-    payload[-10] = 0x0A  # index 5: not a Mode symbol
+    # The mode enum sits just before `deferred`, `recommended` (one byte each), `channel` ("stable": 7 bytes),
+    # `recommended_probabilities` and `recommended_version` (empty: one byte each).
+    assert payload[-12] == 0  # index of "live"
+    payload[-12] = 0x0A  # index 5: not a Mode symbol
     with pytest.raises(CorruptPayload, match="enum index 5"):
         s.decode(bytes(payload))
 
@@ -486,7 +487,7 @@ def test_generated_resolution_from_v1_matches_fastavro(data):
     decoded, _ = read(payload, 0)
 
     assert decoded == fastavro.schemaless_reader(io.BytesIO(payload), v1, current)
-    assert decoded["recommended"] == -1
+    assert (decoded["recommended"], decoded["recommended_probabilities"], decoded["recommended_version"]) == (-1, [], "")
 
 
 def test_reader_follows_blocks_with_negative_counts_and_byte_sizes():

@@ -137,6 +137,13 @@ def test_probabilities_within_the_tolerance_pass(validator):
     assert validator.validate_decision(with_(decision(), "probabilities", [0.2, 0.3, 0.5 + 5e-7]))
 
 
+def test_a_recommendation_is_empty_or_a_distribution_over_the_actions(validator):
+    shadow = [0.0, 0.25, 0.75]  # 0 for a candidate the shields dropped
+    for recommended in ([], shadow):
+        assert validator.validate_decision(with_(decision(), "recommended_probabilities", recommended))
+        assert validator.validate_update(with_(update(), "recommended_probabilities", recommended))
+
+
 # --- every cause, its error, and a message naming field and value ---------------------------------
 
 
@@ -206,6 +213,13 @@ CASES = [
      "sum(probabilities)", "sum(probabilities) is 1.5"),
     ("update probability count", "update", with_(update(), "probabilities", [1.0]), ProbabilityCountMismatch,
      "len(probabilities)", "len(probabilities) is 1"),
+    ("recommendation count", "decision", with_(decision(), "recommended_probabilities", [0.5, 0.5]),
+     ProbabilityCountMismatch, "len(recommended_probabilities)",
+     "len(recommended_probabilities) is 2; empty or one probability per action expected (3 actions)"),
+    ("recommendation sum", "decision", with_(decision(), "recommended_probabilities", [0.5, 0.5, 0.5]),
+     ProbabilitiesDoNotSumToOne, "sum(recommended_probabilities)", "sum(recommended_probabilities) is 1.5"),
+    ("update recommendation", "update", with_(update(), "recommended_probabilities", [0.5, -0.5, 1.0]),
+     NegativeProbability, "recommended_probabilities[1]", "recommended_probabilities[1] is -0.5"),
     ("megabyte action id", "decision", with_(decision(), "actions.1.id", "x" * (1 << 20)), FieldTooLarge,
      "actions[1].id", "actions[1].id is 1048576 bytes, the limit is 256 (limits.max_id_bytes)"),
 ]

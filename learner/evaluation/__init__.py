@@ -60,7 +60,7 @@ from learner.evaluation.intervals import (
     weight_diagnostics,
 )
 from learner.evaluation.logged import LoggedBandit
-from learner.evaluation.candidates import AlwaysArm, Candidate, Fixed, Logging, Progressive, Uniform
+from learner.evaluation.candidates import AlwaysArm, Candidate, Fixed, Logging, Progressive, Recommended, Uniform
 from learner.evaluation.reward_models import (
     PerActionModel,
     Ridge,
@@ -77,6 +77,7 @@ __all__ = [
     "Logging",
     "LoggedBandit",
     "Progressive",
+    "Recommended",
     "Uniform",
     "DM",
     "DR",

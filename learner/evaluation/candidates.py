@@ -13,7 +13,11 @@ on every logged row, from its own decision code.
   order, in batches like the learner's: each batch is scored by the model of the rows before
   it and then learned, so no row is scored by a model that learned from it (progressive
   validation, as Vowpal Wabbit's ``--explore_eval`` and Li et al.'s replay avoid the same bias).
-  It learns every logged row, as the learner does whatever decided them.
+  It learns every logged row, as the learner does whatever decided them;
+* :class:`Recommended` - a shadow policy: the distribution the SDK logged for it beside each
+  decision (its shadow snapshot, or the policy in shadow mode). It needs no model and no live
+  traffic of its own, and is evaluated on the rows that carry its recommendation
+  (:meth:`Candidate.rows`), of one snapshot version when one is named.
 
 Per-arm models score a row's context vector for each candidate. Shared-model policies need
 every candidate's own feature row, which the joined log does not carry (it keeps the acted
@@ -42,10 +46,11 @@ from typing import Any
 
 import numpy as np
 
+from learner.evaluation.errors import InvalidInputError
 from learner.evaluation.logged import LoggedBandit
 from learner.policies import POLICIES, Policy, make_policy
 
-__all__ = ["AlwaysArm", "Candidate", "Fixed", "Logging", "Progressive", "Uniform"]
+__all__ = ["AlwaysArm", "Candidate", "Fixed", "Logging", "Progressive", "Recommended", "Uniform"]
 
 
 class Candidate:
@@ -55,6 +60,10 @@ class Candidate:
 
     def action_dist(self, log: LoggedBandit, progress: Callable[[int], None] | None = None) -> np.ndarray:
         raise NotImplementedError
+
+    def rows(self, log: LoggedBandit) -> np.ndarray | None:
+        """The rows the candidate can be evaluated on (a boolean mask); None: all of them."""
+        return None
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.name!r})"
@@ -173,3 +182,40 @@ class Progressive(Candidate):
             if progress is not None:
                 progress(rows.stop)
         return out
+
+
+@dataclass
+class Recommended(Candidate):
+    """A shadow policy, from the distributions logged for it (see the module's doc).
+
+    ``version`` None takes every row that carries a recommendation, whichever snapshot gave
+    it; a version, only that snapshot's rows.
+    """
+
+    version: str | None = None
+
+    @property
+    def name(self) -> str:  # type: ignore[override]
+        return "shadow" if self.version is None else f"shadow:{self.version}"
+
+    def rows(self, log: LoggedBandit) -> np.ndarray:
+        keep = log.has_recommendation
+        if self.version is not None:
+            keep = keep & (log.recommended_version == self.version)
+        if not keep.any():
+            which = "" if self.version is None else f" of snapshot {self.version}"
+            versions = sorted(set(log.recommended_version[log.has_recommendation]))
+            raise InvalidInputError(
+                f"no row of the log carries a shadow recommendation{which} "
+                f"(versions recommending: {', '.join(versions) if versions else 'none'})"
+            )
+        return keep
+
+    def action_dist(self, log: LoggedBandit, progress=None) -> np.ndarray:
+        missing = int(len(log) - self.rows(log).sum())
+        if missing:
+            raise InvalidInputError(
+                f"{missing} of {len(log)} rows carry no recommendation of {self.name!r}: "
+                "evaluate it on log.select(candidate.rows(log))"
+            )
+        return log.recommended_dist.copy()

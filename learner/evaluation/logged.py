@@ -11,7 +11,11 @@ first appearance), in Open Bandit Pipeline's convention:
 * ``logged_dist (n, K)``: the logging policy's whole distribution (0 for an action that was
   not a candidate on that row), and ``candidates (n, K)``, which actions were;
 * ``context (n, d)``: the hashed feature row the learner saw (for a per-arm model the
-  context vector, the same for every candidate).
+  context vector, the same for every candidate);
+* ``recommended_dist (n, K)``: the distribution a policy that recommended without acting
+  logged on the row (the SDK's shadow snapshot, or the policy in shadow mode), aligned like
+  ``logged_dist``; ``has_recommendation (n,)`` marks the rows that carry one (the others are
+  0) and ``recommended_version (n,)`` names its snapshot ("" where none).
 
 Where the updates come from (the updates topic, Avro files) is the business of the readers
 (:mod:`streams.evaluation_log`); this module is pure numpy.
@@ -29,6 +33,10 @@ Where the updates come from (the updates topic, Avro files) is the business of t
     (['c', 'a', 'b'], [0, 2], [0.5, 0.75])
     >>> log.logged_dist.tolist()
     [[0.5, 0.5, 0.0], [0.0, 0.25, 0.75]]
+    >>> updates[0] |= {"recommended_probabilities": [0.0, 1.0], "recommended_version": "1.1.0"}
+    >>> log = LoggedBandit.from_updates(updates)
+    >>> log.recommended_dist.tolist(), log.has_recommendation.tolist(), log.recommended_version.tolist()
+    ([[0.0, 0.0, 0.0], [0.0, 0.0, 1.0]], [False, True], ['', '1.1.0'])
 """
 
 from __future__ import annotations
@@ -57,6 +65,9 @@ class LoggedBandit:
     policy_version: np.ndarray
     mode: np.ndarray
     join_status: np.ndarray
+    recommended_dist: np.ndarray
+    has_recommendation: np.ndarray
+    recommended_version: np.ndarray
     #: (tenant, workspace, domain) the rows belong to
     scope: tuple[str, str, str] = ("default", "main", "")
     feature_hash: str = ""
@@ -131,12 +142,22 @@ class LoggedBandit:
         d = dims.pop() if dims else 0
         logged = np.zeros((n, K))
         candidates = np.zeros((n, K), dtype=bool)
+        recommended = np.zeros((n, K))
+        has_recommendation = np.zeros(n, dtype=bool)
         action = np.empty(n, dtype=np.int64)
         for i, update in enumerate(ordered):
             columns = [index[a] for a in update["actions"]]
             logged[i, columns] = update["probabilities"]
             candidates[i, columns] = True
             action[i] = columns[update["arm_index"]]
+            shadow = update.get("recommended_probabilities")
+            if shadow:
+                if len(shadow) != len(columns):
+                    raise ValueError(
+                        f"event {update['event_id']!r} recommends {len(shadow)} probabilities for {len(columns)} actions"
+                    )
+                recommended[i, columns] = shadow
+                has_recommendation[i] = True
         return cls(
             actions=list(index),
             action=action,
@@ -150,6 +171,11 @@ class LoggedBandit:
             policy_version=np.array([u.get("policy_version", "") for u in ordered], dtype=object),
             mode=np.array([u.get("mode", "live") for u in ordered], dtype=object),
             join_status=np.array([u.get("join_status", "") for u in ordered], dtype=object),
+            recommended_dist=recommended,
+            has_recommendation=has_recommendation,
+            recommended_version=np.array(
+                [u.get("recommended_version", "") if has else "" for u, has in zip(ordered, has_recommendation)], dtype=object
+            ),
             scope=(tenant, workspace, domain),
             feature_hash=feature_hash or "",
             skipped=skipped,
@@ -163,5 +189,7 @@ class LoggedBandit:
             logged_dist=self.logged_dist[keep], candidates=self.candidates[keep], context=self.context[keep],
             decision_time=self.decision_time[keep], event_id=self.event_id[keep],
             policy_version=self.policy_version[keep], mode=self.mode[keep], join_status=self.join_status[keep],
+            recommended_dist=self.recommended_dist[keep], has_recommendation=self.has_recommendation[keep],
+            recommended_version=self.recommended_version[keep],
             scope=self.scope, feature_hash=self.feature_hash, skipped=dict(self.skipped),
         )  # fmt: skip

@@ -5,7 +5,9 @@ One cross-fitted reward model (:func:`~learner.evaluation.reward_models.cross_fi
 model-based estimator; every candidate's ``action_dist`` comes from its own decision code and
 every estimator gives an :class:`~learner.evaluation.intervals.Estimate`, all on the same rows.
 Estimators are named by spec: ``ips``, ``ips:50`` (clipped at 50), ``switch_dr:20``,
-``dros:10`` (its shrinkage), ``snips``, ``dm``, ``dr``, ``sndr``.
+``dros:10`` (its shrinkage), ``snips``, ``dm``, ``dr``, ``sndr``. A candidate that can only be
+scored on some rows (a shadow policy, on the rows that logged its recommendation) is estimated
+on those, and its result says how many (:attr:`CandidateResult.rows`).
 """
 
 from __future__ import annotations
@@ -45,6 +47,8 @@ class CandidateResult:
     name: str
     estimates: dict[str, Estimate]
     seconds: float
+    #: the rows its estimates rest on: all of the log's, or fewer (see :meth:`Candidate.rows`)
+    rows: int = 0
 
 
 @dataclass
@@ -66,7 +70,7 @@ class Evaluation:
         return {
             "tenant": self.scope[0], "workspace": self.scope[1], "domain": self.scope[2], "rows": self.rows,
             "actions": self.actions, "on_policy_value": self.on_policy_value, "estimators": self.estimators,
-            "candidates": [{"name": r.name, "seconds": round(r.seconds, 3),
+            "candidates": [{"name": r.name, "rows": r.rows, "seconds": round(r.seconds, 3),
                             "estimates": {k: e.to_dict() for k, e in r.estimates.items()}} for r in self.ranked()],
             "seconds": self.seconds,
         }  # fmt: skip
@@ -83,8 +87,9 @@ def evaluate_candidates(
     seed: int = 0,
     progress: Callable[[str, int, int], None] | None = None,
 ) -> Evaluation:
-    """Every candidate under every estimator, on the same rows (see the module's doc).
-    ``progress(candidate_name, rows_done, rows)`` while each candidate is scored."""
+    """Every candidate under every estimator, on the same rows, or on the rows a candidate can
+    be scored on (see the module's doc). ``progress(candidate_name, rows_done, rows)`` while
+    each candidate is scored."""
     built = {spec: estimator_from_spec(spec) for spec in estimators}
     if not built:
         raise InvalidInputError("no estimator given")
@@ -97,19 +102,22 @@ def evaluate_candidates(
     results = []
     for candidate in candidates:
         began = time.monotonic()
-        dist = candidate.action_dist(log, None if progress is None else lambda done, c=candidate: progress(c.name, done, len(log)))
+        keep = candidate.rows(log)
+        rows, q_rows = (log, q) if keep is None else (log.select(keep), None if q is None else q[keep])
+        n = len(rows)
+        dist = candidate.action_dist(rows, None if progress is None else lambda done, c=candidate: progress(c.name, done, n))
         if progress is not None:
-            progress(candidate.name, len(log), len(log))
+            progress(candidate.name, n, n)
         estimates = {}
         for name in estimators:
             with warnings.catch_warnings(record=True):  # kept in each Estimate's own warnings
                 warnings.simplefilter("always")
                 estimates[name] = evaluate(
-                    built[name], log.reward, log.action, log.pscore, dist,
-                    q if name.partition(":")[0] in MODEL_BASED else None, method=method, level=level, n_resamples=n_resamples,
-                    random_state=seed,
+                    built[name], rows.reward, rows.action, rows.pscore, dist,
+                    q_rows if name.partition(":")[0] in MODEL_BASED else None, method=method, level=level,
+                    n_resamples=n_resamples, random_state=seed,
                 )  # fmt: skip
-        results.append(CandidateResult(candidate.name, estimates, time.monotonic() - began))
+        results.append(CandidateResult(candidate.name, estimates, time.monotonic() - began, n))
     seconds["total"] = time.monotonic() - started
     return Evaluation(log.scope, len(log), list(log.actions), float(log.reward.mean()), results, list(estimators), seconds)
 
