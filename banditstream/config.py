@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 
 from learner.domain import DomainSettings
 from streams.settings import KafkaSettings, RegistrySettings, TopicSettings
@@ -124,6 +124,69 @@ class LimitSettings(_Section):
         return value
 
 
+class ServeRoute(_Section):
+    """Where one key's Personalizer calls go (empty: the tree's tenant and workspace, ``serve.domain``)."""
+
+    tenant: str | None = None
+    workspace: str | None = None
+    domain: str | None = Field(None, description="the domain its calls decide for")
+    domains: tuple[str, ...] = Field((), description="other domains the key may pick with ?domain=NAME")
+
+    @field_validator("tenant", "workspace", "domain")
+    @classmethod
+    def _identifier(cls, value: str | None) -> str | None:
+        if value is not None and not _ID.match(value):
+            raise ValueError("must be letters, digits, '_', '.', or '-'")
+        return value
+
+    @field_validator("domains")
+    @classmethod
+    def _identifiers(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for name in value:
+            if not _ID.match(name):
+                raise ValueError(f"domain name {name!r} must be letters, digits, '_', '.', or '-'")
+        return value
+
+
+class ServeSettings(_Section):
+    """``banditstream serve``: the Personalizer-compatible REST service.
+
+    Keys are secrets: ``config show`` prints them as ``**********``. They come from ``keys``
+    (name -> key, e.g. ``BANDITSTREAM_SERVE__KEYS__TEAM_A``) and from ``key_dir``, a directory
+    of files (a mounted Kubernetes Secret: each file's name is the key's name, its content
+    the key). ``routes`` sends each key name's calls to a tenant/workspace/domain.
+    """
+
+    host: str = Field("127.0.0.1", min_length=1, description="address to bind: 0.0.0.0 in a container or pod")
+    port: int = Field(8080, ge=0, le=65535, description="0 picks a free one")
+    keys: dict[str, SecretStr] = Field(default_factory=dict, description="key name -> Ocp-Apim-Subscription-Key value")
+    key_dir: str | None = Field(None, description="a directory of key files (file name: key name)")
+    routes: dict[str, ServeRoute] = Field(default_factory=dict, description="key name -> tenant/workspace/domain")
+    domain: str = Field("personalizer", description="the domain of keys without a route's domain")
+    max_body_bytes: int = Field(1 << 20, ge=1024, description="larger request bodies are refused with 413")
+    check_event_ids: bool = Field(
+        True, description="answer 404 to rewards/activations of event ids this process surely never ranked; "
+        "set false behind a load balancer with more than one replica",
+    )  # fmt: skip
+    remember_events: int = Field(200_000, ge=1, description="ranked event ids kept in memory per domain")
+    allow_model_reset: bool = Field(False, description="let DELETE model publish a snapshot from priors (needs publish keys)")
+
+    @field_validator("domain")
+    @classmethod
+    def _identifier(cls, value: str) -> str:
+        if not _ID.match(value):
+            raise ValueError("must be letters, digits, '_', '.', or '-'")
+        return value
+
+    @field_validator("keys")
+    @classmethod
+    def _non_empty_keys(cls, value: dict[str, SecretStr]) -> dict[str, SecretStr]:
+        for name, key in value.items():
+            if not key.get_secret_value():
+                raise ValueError(f"key {name!r} is empty")
+        return value
+
+
 class Settings(_Section):
     """The whole tree."""
 
@@ -138,6 +201,7 @@ class Settings(_Section):
     s3: S3Settings = S3Settings()
     metrics: MetricsSettings = MetricsSettings()
     limits: LimitSettings = LimitSettings()
+    serve: ServeSettings = ServeSettings()
     domains: dict[str, DomainSettings] = Field(default_factory=dict)
     #: join worker knobs (streams._join_state.JoinOptions: batch_max, sweep_interval_s, ...)
     join: dict[str, Any] = Field(default_factory=dict)

@@ -410,6 +410,7 @@ class Decider:
         unit_key: str | None = None,
         max_cost: float | None = None,
         max_latency_ms: float | None = None,
+        deferred: bool = False,
     ) -> Decision:
         """Choose among ``actions`` for ``context``; see the module docstring for the steps.
 
@@ -417,6 +418,9 @@ class Decider:
         categorical, a list the dense vector) or the event form ``{numeric, categorical,
         vector}``. ``actions``: ids, or ``{"id": ..., "features": {...}}``. ``unit_key``:
         what keeps a channel (a user or session id); without it each event id is its own unit.
+        ``deferred``: the decision is logged as deferred, to be learned only once activated
+        (Personalizer's ``deferActivation``; the activation is a reward with the reserved id
+        ``activate``).
         """
         started = time.perf_counter()
         ctx = _context_record(context)
@@ -493,7 +497,7 @@ class Decider:
             "probabilities": probabilities,
             "policy_version": version,
             "mode": mode,
-            "deferred": False,
+            "deferred": deferred,
             "recommended": recommended_index,
             "channel": channel,
             "recommended_probabilities": recommended_probabilities,

@@ -124,6 +124,10 @@ def decode_entry(raw: bytes) -> list:
     return entry
 
 
+#: The reward id reserved for the activation of a deferred decision (Personalizer's activate).
+ACTIVATION_REWARD_ID = "activate"
+
+
 @dataclass(frozen=True)
 class JoinOptions:
     """Limits and cadences of the join (``WorkerConfig.extra["join"]`` overrides them)."""
@@ -229,6 +233,8 @@ class Outputs:
     #: kind -> one duplicate's id, for the log line that reports them
     duplicate_samples: dict[str, str] = field(default_factory=dict)
     late_rewards: int = 0
+    #: activations of deferred decisions read (rewards with the reserved id ``activate``)
+    activations: int = 0
 
     def duplicate(self, kind: str, sample: str) -> None:
         self.duplicates[kind] = self.duplicates.get(kind, 0) + 1
@@ -644,6 +650,12 @@ class JoinCore:
         heapq.heappush(part.heap, (deadline, key))
 
     def reward(self, part: PartitionState, event: dict, source: DeadLetter, out: Outputs) -> None:
+        if event["reward_id"] == ACTIVATION_REWARD_ID:
+            # An activation of a deferred decision (banditstream serve's deferActivation), not
+            # a reward: never aggregated. (Holding deferred decisions back until activated is
+            # not built yet: they are learned like any other.)
+            out.activations += 1
+            return
         key = EVENT_PREFIX + event["event_id"].encode()
         entry = part.get(key)
         reward_id = event["reward_id"]

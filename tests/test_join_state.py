@@ -440,3 +440,22 @@ def test_a_decision_older_than_the_join_remembers_is_refused_not_learned_twice(t
     core.decision(part, decision("now", "ranker", rng, T0), DeadLetter("decisions", 0, 3, b"", b""), out)
     assert out.duplicates == {"decision": 1} and out.duplicate_samples == {"decision": "now"}
     db.close()
+
+
+def test_an_activation_is_not_a_reward(tmp_path):
+    """banditstream serve activates a deferred decision with a reward of the reserved id
+    ``activate`` and no value: it is counted, never aggregated into the decision's reward."""
+    from streams._join_state import ACTIVATION_REWARD_ID
+
+    core, db = join_core(), open_db(tmp_path / "db")
+    part = PartitionState(0, db, core.domains, 1000)
+    rng = random.Random(8)
+    out = Outputs()
+    core.decision(part, decision("e", "ranker", rng, T0), DeadLetter("decisions", 0, 0, b"", b""), out)
+    activation = {**reward("e", ACTIVATION_REWARD_ID, "ranker", rng, T0 + 5), "signals": {}, "value": None}
+    core.reward(part, activation, DeadLetter("rewards", 0, 0, b"", b""), out)
+    core.reward(part, reward("e", "r1", "ranker", rng, T0 + 10), DeadLetter("rewards", 0, 1, b"", b""), out)
+    fire_until(core, part, out, T0 + 10**6)
+    assert out.activations == 1 and not out.dead
+    assert [(u["join_status"], u["reward_count"]) for _, u in out.updates] == [("rewarded", 1)]
+    db.close()

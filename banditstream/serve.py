@@ -1,0 +1,622 @@
+"""``banditstream serve``: the Personalizer-compatible REST service.
+
+Services written against the retired hosted Personalizer (its REST API or its client
+libraries, in any language) switch by changing the endpoint and the key. Every rank is a
+:class:`~banditstream.decider.Decider` decision: the same verified snapshots, the same local
+decide step, the same DecisionEvent on Kafka as the Python SDK. The service keeps no state a
+replica must share (see ``serve.check_event_ids`` for the one per-process check).
+
+    settings = load_settings("banditstream.yaml")      # serve.keys, serve.routes, ...
+    app = ServeApp(settings, freeze_gc=True).asgi()                     # a Starlette app
+    uvicorn.run(app, host="127.0.0.1", port=8080)       # or: banditstream serve
+
+Both forms of the API the clients use are answered:
+
+* v1.0: ``/personalizer/v1.0/rank``, ``.../events/{eventId}/reward``, ``.../activate``,
+  ``.../configurations/service``, ``.../configurations/policy``, ``.../model``,
+  ``.../model/properties``, ``.../logs``, ``.../logs/properties``;
+* 2022-09-01-preview: the same under ``/personalizer/...?api-version=2022-09-01-preview``,
+  plus ``multislot/rank``, ``multislot/events/{eventId}/reward`` and ``.../activate``;
+
+and ``/healthz``, ``/readyz``, ``/metrics`` (Prometheus) and ``/openapi.json`` (the
+operations served, from the public API definition; ``?api-version=`` picks the version).
+
+Per request: the ``Ocp-Apim-Subscription-Key`` header is compared (constant time) with every
+configured key; the key's name picks the tenant, workspace and domain (``serve.routes``;
+``?domain=`` may pick another the route allows). The body is read up to
+``serve.max_body_bytes`` (413 past it), parsed and validated (:mod:`banditstream.serve_api`),
+and answered with the status codes and bodies of the API definition. Errors are
+``{"error": {"code", "message", "target"}}``, the message starting with the offending field.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gc
+import hashlib
+import hmac
+import json
+import logging
+import math
+import os
+import threading
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from banditstream import serve_api as api
+from banditstream.config import ConfigError, Settings
+from banditstream.serve_api import PREVIEW, V1, ApiError
+from banditstream.serve_domains import DomainLoop, Ranked, Where
+from streams.errors import BanditstreamError
+
+log = logging.getLogger("banditstream.serve")
+
+KEY_HEADER = "ocp-apim-subscription-key"
+OPENAPI_DIR = Path(__file__).parent / "openapi"
+_KEY_DIR_RELOAD_S = 10.0
+_JSON = "application/json; charset=utf-8"
+
+
+class ServeMetrics:
+    """Requests by route, method and status, and their latency; the Deciders' metrics beside them."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.requests = Counter(
+            "banditstream_serve_requests", "HTTP requests answered, by route, method and status.", ["route", "method", "status"],
+            registry=self.registry,
+        )  # fmt: skip
+        self.latency = Histogram(
+            "banditstream_serve_request_seconds", "Time from the request's arrival to its answer, by route and method.",
+            ["route", "method"], registry=self.registry,
+            buckets=(100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 5e-3, 10e-3, 25e-3, 50e-3, 0.1, 0.5, 1.0),
+        )  # fmt: skip
+
+
+class _DeciderMetrics(Collector):
+    """Every Decider has its own registry (its series names repeat across domains): merged here
+    into one family per name, so the exposition stays valid."""
+
+    def __init__(self, loops: Callable[[], list[DomainLoop]]):
+        self._loops = loops
+
+    def collect(self):
+        families: dict[str, Metric] = {}
+        for loop in self._loops():
+            for family in loop.decider.metrics.registry.collect():
+                held = families.get(family.name)
+                if held is None:
+                    held = families[family.name] = Metric(family.name, family.documentation, family.type, family.unit)
+                held.samples.extend(family.samples)
+        return list(families.values())
+
+
+class _Keys:
+    """Key name -> key bytes from ``serve.keys`` and ``serve.key_dir``; the directory is read
+    again (at most every 10 s) when a key is not found, so a rotated Secret takes effect."""
+
+    def __init__(self, settings: Settings):
+        self._configured = {name: secret.get_secret_value().encode() for name, secret in settings.serve.keys.items()}
+        self._dir = Path(settings.serve.key_dir) if settings.serve.key_dir else None
+        self._keys = dict(self._configured)
+        self._loaded_at = 0.0
+        self._load_dir()
+
+    def _load_dir(self) -> None:
+        self._loaded_at = time.monotonic()
+        if self._dir is None:
+            return
+        keys = dict(self._configured)
+        try:
+            entries = sorted(self._dir.iterdir())
+        except OSError as exc:
+            raise ConfigError(f"serve.key_dir {self._dir}: {exc.strerror}") from None
+        for path in entries:
+            # a mounted Secret holds ..data symlinks and dot-directories beside the key files
+            if path.name.startswith(".") or not path.is_file():
+                continue
+            value = path.read_bytes().strip()
+            if value:
+                keys[path.name] = value
+        self._keys = keys
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    def match(self, presented: str | None) -> str | None:
+        """The name of the key presented, or None. Every key is compared, each in constant time."""
+        if presented is None:
+            return None
+        found = self._match(presented.encode())
+        if found is None and self._dir is not None and time.monotonic() - self._loaded_at > _KEY_DIR_RELOAD_S:
+            try:
+                self._load_dir()
+            except ConfigError as exc:
+                log.warning("%s", exc)
+            found = self._match(presented.encode())
+        return found
+
+    def _match(self, presented: bytes) -> str | None:
+        found = None
+        for name, key in self._keys.items():
+            if hmac.compare_digest(presented, key):
+                found = name
+        return found
+
+
+class ServeApp:
+    """The service: keys, one :class:`DomainLoop` per tenant/workspace/domain, the routes."""
+
+    def __init__(self, settings: Settings, *, seed: int | None = None, freeze_gc: bool = False):
+        self.settings = settings
+        self.freeze_gc = freeze_gc
+        self.keys = _Keys(settings)
+        if not len(self.keys):
+            raise ConfigError("serve: no keys configured; set serve.keys (e.g. BANDITSTREAM_SERVE__KEYS__APP=...) or serve.key_dir")
+        self.metrics = ServeMetrics()
+        self.metrics.registry.register(_DeciderMetrics(lambda: list(self._loops.values())))
+        self.seed = seed
+        self._loops: dict[Where, DomainLoop] = {}
+        self._building: dict[Where, threading.Lock] = {}
+        self._lock = threading.Lock()
+        self.ready = False
+        self._specs = {version: json.loads((OPENAPI_DIR / f"personalizer-{version}.json").read_text()) for version in api.API_VERSIONS}
+        self._log_range: tuple[float, dict[str, Any]] | None = None
+
+    # -- domains --------------------------------------------------------------------------
+
+    def where(self, key_name: str, domain: str | None = None) -> Where:
+        """Where a key's calls go; ``domain`` (from ``?domain=``) must be one its route allows."""
+        s = self.settings
+        route = s.serve.routes.get(key_name)
+        default = (route.domain if route and route.domain else None) or s.serve.domain
+        if domain is not None and domain != default:
+            if route is None or domain not in route.domains:
+                raise ApiError(f"domain: {domain!r} is not open to this key", "forbidden", field="domain")
+        return Where(
+            (route.tenant if route else None) or s.tenant, (route.workspace if route else None) or s.workspace, domain or default
+        )
+
+    def loop(self, where: Where) -> DomainLoop:
+        """The domain's loop, built on first use (in a worker thread: it pulls a snapshot)."""
+        held = self._loops.get(where)
+        if held is not None:
+            return held
+        with self._lock:
+            lock = self._building.setdefault(where, threading.Lock())
+        with lock:
+            held = self._loops.get(where)
+            if held is None:
+                held = DomainLoop(where, self.settings, seed=self.seed)
+                self._loops[where] = held
+                log.info("serving %s (snapshot %s)", where, held.decider.policy_version or "none: the baseline decides")
+        return held
+
+    def start(self) -> None:
+        """Build the loops every key routes to by default; then the service is ready."""
+        names = set(self.keys._keys) | set(self.settings.serve.routes)  # noqa: SLF001
+        for where in sorted({self.where(name) for name in names}, key=str):
+            self.loop(where)
+        self.ready = True
+
+    def close(self) -> None:
+        for loop in list(self._loops.values()):
+            report = loop.close()
+            if report is not None and getattr(report, "spooled", 0):
+                log.warning("%s: %s events stay in the spool", loop.where, report.spooled)
+
+    # -- the ASGI app ---------------------------------------------------------------------
+
+    def asgi(self) -> Starlette:
+        routes: list[Route] = []
+        v1 = "/personalizer/v1.0"
+        pv = "/personalizer"
+        ops: list[tuple[str, str, list[str], Callable, tuple[str, ...]]] = [
+            ("/rank", "rank", ["POST"], self.rank, (V1, PREVIEW)),
+            ("/events/{eventId}/reward", "reward", ["POST"], self.reward, (V1, PREVIEW)),
+            ("/events/{eventId}/activate", "activate", ["POST"], self.activate, (V1, PREVIEW)),
+            ("/configurations/service", "service_configuration", ["GET", "PUT"], self.service_configuration, (V1, PREVIEW)),
+            ("/configurations/policy", "policy", ["GET", "PUT", "DELETE"], self.policy, (V1, PREVIEW)),
+            ("/model", "model", ["GET", "DELETE"], self.model, (V1, PREVIEW)),
+            ("/model/properties", "model_properties", ["GET"], self.model_properties, (V1, PREVIEW)),
+            ("/logs", "logs", ["DELETE"], self.logs, (V1, PREVIEW)),
+            ("/logs/properties", "log_properties", ["GET"], self.log_properties, (V1, PREVIEW)),
+            ("/multislot/rank", "multislot_rank", ["POST"], self.multislot_rank, (PREVIEW,)),
+            ("/multislot/events/{eventId}/reward", "multislot_reward", ["POST"], self.multislot_reward, (PREVIEW,)),
+            ("/multislot/events/{eventId}/activate", "multislot_activate", ["POST"], self.multislot_activate, (PREVIEW,)),
+            ("/evaluations", "evaluations", ["GET", "POST"], self.not_served, (V1, PREVIEW)),
+            ("/evaluations/{evaluationId}", "evaluation", ["GET", "PUT", "DELETE"], self.not_served, (V1, PREVIEW)),
+            ("/featureImportances", "feature_importances", ["GET"], self.not_served, (PREVIEW,)),
+            ("/featureImportances/{featureImportanceId}", "feature_importance", ["GET", "PUT", "DELETE"], self.not_served, (PREVIEW,)),
+            ("/configurations/applyFromEvaluation", "apply_from_evaluation", ["POST"], self.not_served, (PREVIEW,)),
+        ]
+        for path, name, methods, handler, versions in ops:
+            if V1 in versions:
+                routes.append(Route(v1 + path, self._endpoint(v1 + path, handler, V1), methods=methods, name=f"v1_{name}"))
+            if PREVIEW in versions:
+                routes.append(Route(pv + path, self._endpoint(pv + path, handler, PREVIEW), methods=methods, name=f"preview_{name}"))
+        routes += [
+            Route("/healthz", self._plain("/healthz", self.healthz), methods=["GET"]),
+            Route("/readyz", self._plain("/readyz", self.readyz), methods=["GET"]),
+            Route("/metrics", self._plain("/metrics", self.prometheus), methods=["GET"]),
+            Route("/openapi.json", self._plain("/openapi.json", self.openapi), methods=["GET"]),
+        ]
+        return Starlette(routes=routes, exception_handlers={HTTPException: self._http_error}, lifespan=self._lifespan)
+
+    @contextlib.asynccontextmanager
+    async def _lifespan(self, app: Starlette):
+        """Domains are built in a thread after the server listens: /readyz says when they are."""
+        asyncio.get_running_loop().run_in_executor(None, self._start_logged)
+        yield
+        await asyncio.get_running_loop().run_in_executor(None, self.close)
+
+    def _start_logged(self) -> None:
+        try:
+            self.start()
+        except Exception:  # noqa: BLE001 - /readyz stays 503 and says so in the log
+            log.exception("serve: building the domains failed")
+            return
+        if self.freeze_gc:
+            # Everything built so far (modules, snapshots, clients) lives as long as the
+            # process: out of the collector's sight, so its full passes (~40 ms over the whole
+            # heap here) stop stalling requests.
+            gc.collect()
+            gc.freeze()
+
+    def _endpoint(self, route: str, handler: Callable[..., Awaitable[Response]], version: str):
+        requests, latency = self.metrics.requests, self.metrics.latency
+
+        async def endpoint(request: Request) -> Response:
+            started = time.perf_counter()
+            try:
+                if version == PREVIEW:
+                    _check_api_version(request)
+                key_name = self.keys.match(request.headers.get(KEY_HEADER))
+                if key_name is None:
+                    raise ApiError(
+                        "Ocp-Apim-Subscription-Key: access denied due to a missing or invalid subscription key", "unauthorized",
+                        field="Ocp-Apim-Subscription-Key",
+                    )  # fmt: skip
+                where = self.where(key_name, request.query_params.get("domain"))
+                loop = self._loops.get(where) or await asyncio.get_running_loop().run_in_executor(None, self.loop, where)
+                response = await handler(request, loop, version)
+            except ApiError as exc:
+                response = _error(exc, version)
+            except BanditstreamError as exc:  # the Decider refused the event (a size limit, a non-finite feature)
+                response = _error(ApiError(str(exc), field=exc.field, code="InvalidRankRequest"), version)
+            except Exception:  # noqa: BLE001 - one bad request never stops the service
+                log.exception("%s %s failed", request.method, route)
+                response = _error(ApiError("the service failed to answer; see its log", "internal"), version)
+            requests.labels(route, request.method, str(response.status_code)).inc()
+            latency.labels(route, request.method).observe(time.perf_counter() - started)
+            return response
+
+        return endpoint
+
+    def _plain(self, route: str, handler: Callable[[Request], Awaitable[Response]]):
+        async def endpoint(request: Request) -> Response:
+            response = await handler(request)
+            self.metrics.requests.labels(route, request.method, str(response.status_code)).inc()
+            return response
+
+        return endpoint
+
+    async def _http_error(self, request: Request, exc: HTTPException) -> Response:
+        """Unknown paths (404) and methods (405) answer in the API's error format too."""
+        version = PREVIEW if request.url.path.startswith("/personalizer/") and not request.url.path.startswith("/personalizer/v1.0/") else V1
+        if exc.status_code == 405:
+            error = ApiError(f"method: {request.method} is not served for {request.url.path}", "method", field="method")
+        elif exc.status_code == 404:
+            error = ApiError(f"path: {request.url.path} is not served here", "not_found", field="path")
+        else:
+            error = ApiError(str(exc.detail), "bad_request")
+        response = _error(error, version)
+        if exc.status_code == 405 and exc.headers:
+            response.headers.update(exc.headers)
+        self.metrics.requests.labels("unmatched", request.method, str(response.status_code)).inc()
+        return response
+
+    async def _body(self, request: Request, required: bool = True) -> Any:
+        limit = self.settings.serve.max_body_bytes
+        length = request.headers.get("content-length")
+        if length is not None and length.isdigit() and int(length) > limit:
+            raise ApiError(f"body: {int(length)} bytes; at most {limit} are accepted (serve.max_body_bytes)", "too_large", field="body")
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise ApiError(f"body: more than {limit} bytes; at most {limit} are accepted (serve.max_body_bytes)", "too_large",
+                               field="body")  # fmt: skip
+            chunks.append(chunk)
+        raw = b"".join(chunks)
+        if not required and not raw.strip():
+            return None
+        return api.parse_json(raw)
+
+    # -- events ---------------------------------------------------------------------------
+
+    async def rank(self, request: Request, loop: DomainLoop, version: str) -> Response:
+        rank = api.parse_rank(await self._body(request))
+        candidates = rank.candidates()
+        event_id = rank.event_id or os.urandom(16).hex()
+        decision = loop.decide(rank.context, candidates, event_id, rank.defer)
+        loop.events.add(event_id, Ranked(time.time(), rank.defer))
+        body = {
+            "ranking": api.ranking(rank.actions, candidates, decision.index, decision.probabilities),
+            "eventId": event_id,
+            "rewardActionId": decision.action,
+        }
+        return _json(body, 201)
+
+    async def multislot_rank(self, request: Request, loop: DomainLoop, version: str) -> Response:
+        """Slot by slot, in request order: each slot chooses among the actions it does not
+        exclude and no earlier slot took, its baseline first; one decision per slot."""
+        rank = api.parse_multislot_rank(await self._body(request))
+        event_id = rank.event_id or os.urandom(16).hex()
+        taken: set[str] = set()
+        slots = []
+        for i, slot in enumerate(rank.slots):
+            open_ = [a for a in rank.actions if a["id"] not in slot.excluded and a["id"] not in taken]
+            if not open_:
+                raise api.bad(f"slots[{i}]", "no action is left for this slot (all excluded or taken by earlier slots)",
+                              "InvalidRankRequest")  # fmt: skip
+            open_.sort(key=lambda a: a["id"] != slot.baseline)  # the baseline first: the Decider's baseline
+            context = api.merge_features(rank.context, slot.features)
+            decision = loop.decide(context, open_, api.slot_event_id(event_id, slot.id), rank.defer)
+            taken.add(decision.action)
+            slots.append({"id": slot.id, "rewardActionId": decision.action})
+        loop.events.add(event_id, Ranked(time.time(), rank.defer, tuple(s.id for s in rank.slots)))
+        return _json({"slots": slots, "eventId": event_id}, 201)
+
+    def _known(self, loop: DomainLoop, event_id: str, code: str) -> Ranked | None:
+        ranked = loop.events.get(event_id)
+        if ranked is None and self.settings.serve.check_event_ids and loop.events.surely_unknown(event_id, loop.window_s):
+            raise ApiError(f"eventId: {event_id!r} was not ranked here within the reward wait time", "not_found",
+                           code=code, field="eventId")  # fmt: skip
+        return ranked
+
+    async def reward(self, request: Request, loop: DomainLoop, version: str) -> Response:
+        event_id = api.check_event_id(request.path_params["eventId"], "InvalidRewardRequest")
+        value = api.parse_reward(await self._body(request))
+        ranked = self._known(loop, event_id, "InvalidRewardRequest")
+        if ranked is not None and ranked.slots is not None:
+            raise api.bad("eventId", f"{event_id!r} is a multi-slot event; reward it with multislot/events/{{eventId}}/reward",
+                          "InvalidRewardRequest")  # fmt: skip
+        loop.reward(event_id, value)
+        return Response(status_code=204)
+
+    async def activate(self, request: Request, loop: DomainLoop, version: str) -> Response:
+        event_id = api.check_event_id(request.path_params["eventId"], "InvalidEventIdToActivate")
+        await self._body(request, required=False)
+        ranked = self._known(loop, event_id, "InvalidEventIdToActivate")
+        if ranked is not None and ranked.slots is not None:
+            raise api.bad("eventId", f"{event_id!r} is a multi-slot event; activate it with multislot/events/{{eventId}}/activate",
+                          "InvalidEventIdToActivate")  # fmt: skip
+        if ranked is None or ranked.deferred:  # an event ranked elsewhere may be deferred: activate it
+            loop.activate(event_id)
+        return Response(status_code=204)
+
+    def _slots(self, loop: DomainLoop, event_id: str, code: str) -> tuple[str, ...]:
+        ranked = self._known(loop, event_id, code)
+        if ranked is None:
+            raise ApiError(f"eventId: {event_id!r} was not ranked by this replica; its slots are unknown here", "not_found",
+                           code=code, field="eventId")  # fmt: skip
+        if ranked.slots is None:
+            raise api.bad("eventId", f"{event_id!r} is a single-slot event; use events/{{eventId}}/...", code)
+        return ranked.slots
+
+    async def multislot_reward(self, request: Request, loop: DomainLoop, version: str) -> Response:
+        code = "InvalidRewardRequest"
+        event_id = api.check_event_id(request.path_params["eventId"], code)
+        rewards = api.parse_multislot_reward(await self._body(request))
+        slots = set(self._slots(loop, event_id, code))
+        for i, (slot, _) in enumerate(rewards):
+            if slot not in slots:
+                raise api.bad(f"reward[{i}].slotId", f"{slot!r} is not a slot of event {event_id!r}", code)
+        for slot, value in rewards:
+            loop.reward(api.slot_event_id(event_id, slot), value)
+        return Response(status_code=204)
+
+    async def multislot_activate(self, request: Request, loop: DomainLoop, version: str) -> Response:
+        code = "InvalidEventIdToActivate"
+        event_id = api.check_event_id(request.path_params["eventId"], code)
+        await self._body(request, required=False)
+        ranked = loop.events.get(event_id)
+        for slot in self._slots(loop, event_id, code):
+            if ranked.deferred:
+                loop.activate(api.slot_event_id(event_id, slot))
+        return Response(status_code=204)
+
+    # -- configuration --------------------------------------------------------------------
+
+    async def service_configuration(self, request: Request, loop: DomainLoop, version: str) -> Response:
+        if request.method == "PUT":
+            body = await self._body(request)
+            try:
+                settings, extras = api.update_service_configuration(loop.domain_settings, loop.extras, body, time.time())
+            except ApiError as exc:
+                exc.code = exc.code or "InvalidServiceConfiguration"
+                raise
+            await asyncio.get_running_loop().run_in_executor(None, loop.configure, settings, extras)
+        return _json(api.service_configuration(loop.domain_settings, loop.extras, version), 200)
+
+    async def policy(self, request: Request, loop: DomainLoop, version: str) -> Response:
+        if request.method == "PUT":
+            settings = api.update_policy(loop.domain_settings, await self._body(request))
+            await asyncio.get_running_loop().run_in_executor(None, loop.configure, settings)
+        elif request.method == "DELETE":  # reset: the policy and parameters the config tree gives
+            tree = loop.domain_settings.model_dump(mode="json")
+            tree["policy"], tree["params"] = loop.base.policy, dict(loop.base.params)
+            settings = type(loop.domain_settings).model_validate(tree)
+            await asyncio.get_running_loop().run_in_executor(None, loop.configure, settings)
+        return _json(api.policy_contract(loop.domain_settings), 200)
+
+    # -- model and logs -------------------------------------------------------------------
+
+    async def model(self, request: Request, loop: DomainLoop, version: str) -> Response:
+        if request.method == "DELETE":
+            await asyncio.get_running_loop().run_in_executor(None, self._reset_model, loop)
+            return Response(status_code=204)
+        blob, loaded = await asyncio.get_running_loop().run_in_executor(None, _snapshot_blob, loop)
+        target = loaded.target
+        headers = {
+            "Content-Disposition": f'attachment; filename="{Path(target.path).name}"',
+            "X-Banditstream-Snapshot-Version": loaded.version,
+            "X-Banditstream-Sha256": target.sha256,
+        }
+        return Response(blob, 200, headers=headers, media_type="application/octet-stream")
+
+    def _reset_model(self, loop: DomainLoop) -> None:
+        """A snapshot of the policy's priors, published and pulled (needs the publish keys)."""
+        if not self.settings.serve.allow_model_reset:
+            raise ApiError("model: reset is off here (serve.allow_model_reset); the learner's state stays", "forbidden",
+                           field="model")  # fmt: skip
+        from publisher.cli_ops import load_keys
+        from publisher.publish import Publisher, PublisherConfig
+        from publisher.stores import open_store
+
+        s, w = self.settings, loop.where
+        keys, root = load_keys(s.publish.keys_dir)
+        store = open_store(s.stores.snapshots, s3=s.s3_client_kwargs())
+        publisher = Publisher(store, keys, root, domains={w.domain: loop.domain_settings}, tenant=w.tenant, workspace=w.workspace,
+                              config=PublisherConfig(channels=tuple(s.publish.channels)))  # fmt: skip
+        result = publisher.publish(w.domain, loop.domain_settings.make_policy(), force=True)
+        log.warning("%s: model reset: published %s from priors", w, result.version)
+        loop.decider.refresh()
+
+    async def model_properties(self, request: Request, loop: DomainLoop, version: str) -> Response:
+        client = loop.snapshot_client
+        loaded = client.current if client is not None else None
+        if loaded is None:
+            return _json({}, 200)
+        created = api.iso_time(loaded.snapshot.created_at / 1000)
+        return _json({"creationTime": created, "lastModifiedTime": created}, 200)
+
+    async def logs(self, request: Request, loop: DomainLoop, version: str) -> Response:
+        topics = self.settings.topics
+        raise ApiError(f"logs: the logs are the topics {topics.decisions} and {topics.rewards}, deleted by their retention; "
+                       "banditstream serve does not delete events", "forbidden", field="logs")  # fmt: skip
+
+    async def log_properties(self, request: Request, loop: DomainLoop, version: str) -> Response:
+        body = await asyncio.get_running_loop().run_in_executor(None, self._log_date_range)
+        return _json(body, 200)
+
+    def _log_date_range(self) -> dict[str, Any]:
+        """The decisions topic's oldest record time to now (cached for a minute)."""
+        now = time.time()
+        if self._log_range is not None and now - self._log_range[0] < 60:
+            return self._log_range[1]
+        oldest = _oldest_record_ms(self.settings)
+        body = {} if oldest is None else {"dateRange": {"from": api.iso_time(oldest / 1000), "to": api.iso_time(now)}}
+        self._log_range = (now, body)
+        return body
+
+    async def not_served(self, request: Request, loop: DomainLoop, version: str) -> Response:
+        raise ApiError(f"path: {request.url.path} (evaluations, feature importances) is not served yet; "
+                       "run `banditstream evaluate` on the logged decisions", "not_implemented", field="path")  # fmt: skip
+
+    # -- operations -----------------------------------------------------------------------
+
+    async def healthz(self, request: Request) -> Response:
+        return _json({"status": "ok"}, 200)
+
+    async def readyz(self, request: Request) -> Response:
+        domains = {str(w): (loop.decider.policy_version or "baseline") for w, loop in list(self._loops.items())}
+        if not self.ready:
+            return _json({"status": "starting", "domains": domains}, 503)
+        return _json({"status": "ready", "domains": domains}, 200)
+
+    async def prometheus(self, request: Request) -> Response:
+        return Response(generate_latest(self.metrics.registry), 200, media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    async def openapi(self, request: Request) -> Response:
+        version = request.query_params.get("api-version", V1)
+        if version not in self._specs:
+            return _error(api.bad("api-version", f"{version!r} is not served; use one of {', '.join(api.API_VERSIONS)}"), V1)
+        return _json(self._specs[version], 200)
+
+
+def _check_api_version(request: Request) -> None:
+    version = request.query_params.get("api-version")
+    if version != PREVIEW:
+        got = "missing" if version is None else repr(version)
+        raise ApiError(f"api-version: {got}; this path serves api-version={PREVIEW} (v1.0 is under /personalizer/v1.0/)",
+                       field="api-version")  # fmt: skip
+
+
+def _json(body: Any, status: int) -> Response:
+    return Response(json.dumps(body, separators=(",", ":"), allow_nan=False).encode(), status, media_type=_JSON)
+
+
+def _error(error: ApiError, version: str) -> Response:
+    status, body = api.error_body(error, version)
+    response = JSONResponse(body, status)
+    if version == PREVIEW:
+        response.headers["x-ms-error-code"] = body["error"]["code"]
+    if status == 401:
+        response.headers["WWW-Authenticate"] = 'ApiKey header="Ocp-Apim-Subscription-Key"'
+    return response
+
+
+def _snapshot_blob(loop: DomainLoop):
+    """The held snapshot's blob from the repository, checked against its signed length and hash."""
+    client = loop.snapshot_client
+    loaded = client.current if client is not None else None
+    if loaded is None:
+        raise ApiError(f"model: {loop.where} has no verified snapshot yet; the baseline decides", "not_found", field="model")
+    target = loaded.target
+    data = client.store.get(f"{client.prefix}/{target.blob_key}")
+    if len(data) != target.length or hashlib.sha256(data).hexdigest() != target.sha256:
+        raise ApiError(f"model: the repository's {target.path} no longer matches its signed hash", "internal")
+    return data, loaded
+
+
+def _oldest_record_ms(settings: Settings) -> int | None:
+    """The oldest record's time on the decisions topic, or None when it holds none (or the
+    broker does not answer within a few seconds)."""
+    from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+
+    topic = settings.topics.decisions
+    consumer = Consumer(settings.kafka.consumer_config(f"banditstream-serve-logs-{os.getpid()}", **{"enable.auto.commit": False}))
+    try:
+        metadata = consumer.list_topics(topic, timeout=5)
+        partitions = metadata.topics.get(topic)
+        if partitions is None or partitions.error is not None:
+            return None
+        waiting = set(partitions.partitions)
+        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in waiting])
+        oldest = math.inf
+        deadline = time.monotonic() + 3.0
+        while waiting and time.monotonic() < deadline:
+            for message in consumer.consume(num_messages=len(waiting) * 4, timeout=0.5):
+                if message.error() is not None or message.partition() not in waiting:
+                    continue
+                waiting.discard(message.partition())
+                consumer.pause([TopicPartition(topic, message.partition())])
+                oldest = min(oldest, message.timestamp()[1])
+        return None if oldest == math.inf else int(oldest)
+    finally:
+        consumer.close()
+
+
+def run(settings: Settings, *, host: str | None = None, port: int | None = None) -> None:
+    """Serve until SIGTERM/SIGINT (uvicorn's handling): ``banditstream serve``."""
+    import uvicorn
+
+    app = ServeApp(settings, freeze_gc=True).asgi()
+    uvicorn.run(
+        app, host=host or settings.serve.host, port=settings.serve.port if port is None else port, log_level="info",
+        access_log=False, server_header=False, proxy_headers=False,
+    )  # fmt: skip

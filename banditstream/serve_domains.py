@@ -1,0 +1,191 @@
+"""What ``banditstream serve`` holds per tenant/workspace/domain: one :class:`~banditstream.decider.Decider`
+(the same verified snapshots, the same decide step, the same events as the SDK), the domain's
+settings with the Personalizer configuration applied, and the event ids it ranked.
+
+Configuration changed through the API (service configuration, policy) is kept in memory
+and written to ``<stores.state_dir>/serve/<tenant>/<workspace>/<domain>.json``, read back at
+start. That file is this process's; several replicas do not share it (a shared
+configuration store is not built yet). Its ``domain`` entry has the form of the config
+tree's ``domains.<name>`` section, so it can be copied there for the workers.
+
+Events the service emits, all through the Decider's public ``decide`` / ``reward``:
+
+* rank: one DecisionEvent (``deferred`` true when ``deferActivation`` was asked);
+* multi-slot rank: one DecisionEvent per slot, event id ``<eventId>/<slotId>``;
+* reward: a RewardEvent with ``value``; multi-slot: one per slot, on the slot's event id;
+* activate: a RewardEvent with ``reward_id`` ``"activate"``, no signals and no value (for a
+  multi-slot event: one per slot). Repeated activations carry the same reward id, so the
+  join's deduplication makes them one.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from banditstream.config import Settings
+from banditstream.decider import Decider
+from banditstream.serve_api import ACTIVATION_REWARD_ID, ServiceExtras
+from learner.domain import DomainSettings
+
+log = logging.getLogger(__name__)
+
+@dataclass(frozen=True)
+class Where:
+    tenant: str
+    workspace: str
+    domain: str
+
+    def __str__(self) -> str:
+        return f"{self.tenant}/{self.workspace}/{self.domain}"
+
+
+@dataclass
+class Ranked:
+    """An event ranked here."""
+
+    at: float
+    deferred: bool
+    #: the slot ids of a multi-slot event, None for a single-slot one
+    slots: tuple[str, ...] | None = None
+
+
+class EventMemory:
+    """The event ids ranked by this process, newest kept (``capacity`` of them).
+
+    :meth:`surely_unknown` says when an id missing here was certainly never ranked by this
+    process within the last ``window_s`` (a reward for anything older is late anyway): the
+    process has run longer than the window and dropped nothing ranked within it.
+    """
+
+    def __init__(self, capacity: int, clock=time.time):
+        self.capacity = capacity
+        self._clock = clock
+        self._events: OrderedDict[str, Ranked] = OrderedDict()
+        self._started = clock()
+        self._newest_dropped = float("-inf")
+        self._lock = threading.Lock()
+
+    def add(self, event_id: str, ranked: Ranked) -> None:
+        with self._lock:
+            self._events[event_id] = ranked
+            self._events.move_to_end(event_id)
+            while len(self._events) > self.capacity:
+                _, dropped = self._events.popitem(last=False)
+                self._newest_dropped = max(self._newest_dropped, dropped.at)
+
+    def get(self, event_id: str) -> Ranked | None:
+        return self._events.get(event_id)
+
+    def surely_unknown(self, event_id: str, window_s: float) -> bool:
+        if event_id in self._events:
+            return False
+        now = self._clock()
+        return now - self._started > window_s and now - self._newest_dropped > window_s
+
+    @property
+    def oldest(self) -> float | None:
+        first = next(iter(self._events.values()), None)
+        return first.at if first else None
+
+
+class DomainLoop:
+    """One tenant/workspace/domain as the service serves it."""
+
+    def __init__(self, where: Where, settings: Settings, *, seed: int | None = None):
+        self.where = where
+        self.settings = settings
+        self.base = settings.domains.get(where.domain) or DomainSettings()
+        self.path = Path(settings.stores.state_dir) / "serve" / where.tenant / where.workspace / f"{where.domain}.json"
+        self.domain_settings, self.extras = self._load_overrides()
+        self.events = EventMemory(settings.serve.remember_events)
+        self.decider = self._build_decider(seed)
+        self._lock = threading.Lock()
+
+    # -- building -------------------------------------------------------------------------
+
+    def _load_overrides(self) -> tuple[DomainSettings, ServiceExtras]:
+        default_export = self.settings.sdk.refresh_interval_s
+        try:
+            saved = json.loads(self.path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            return self.base, ServiceExtras(default_export)
+        except (OSError, ValueError) as exc:
+            log.warning("%s: ignoring unreadable saved configuration %s: %s", self.where, self.path, exc)
+            return self.base, ServiceExtras(default_export)
+        try:
+            domain = DomainSettings.model_validate(saved["domain"])
+        except Exception as exc:  # noqa: BLE001 - a stale file must not stop the service
+            log.warning("%s: ignoring saved configuration %s that no longer validates: %s", self.where, self.path, exc)
+            return self.base, ServiceExtras(default_export)
+        return domain, ServiceExtras.from_json(saved.get("service", {}), default_export)
+
+    def _build_decider(self, seed: int | None) -> Decider:
+        s, w = self.settings, self.where
+        root = s.trusted_root_path
+        stable = canary = self.snapshot_client = None
+        if root.exists():
+            from publisher import SnapshotClient
+
+            def client(channel: str) -> SnapshotClient:
+                return SnapshotClient(
+                    s.stores.snapshots, Path(s.sdk.cache_dir) / "serve" / channel, root, tenant=w.tenant,
+                    workspace=w.workspace, domain=w.domain, channel=channel, s3=s.s3_client_kwargs(),
+                )  # fmt: skip
+
+            stable = self.snapshot_client = client(s.sdk.channel)
+            if self.domain_settings.promotion.canary_share > 0 and s.sdk.channel == "stable":
+                canary = client("canary")
+        else:
+            log.warning("%s: no trusted root at %s; deciding with the baseline only", w, root)
+        spool = Path(s.stores.state_dir) / "serve" / "spool" / f"{w.tenant}.{w.workspace}.{w.domain}.spool"
+        return Decider(
+            w.domain, stable, kafka=s.kafka, settings=self.domain_settings, tenant=w.tenant, workspace=w.workspace,
+            topics=s.topics, refresh_interval_s=self.extras.model_export_frequency_s, spool_path=spool,
+            limits=s.validation_limits(), seed=seed, canary_repository=canary,
+        )  # fmt: skip
+
+    # -- deciding -------------------------------------------------------------------------
+
+    @property
+    def window_s(self) -> float:
+        return self.domain_settings.reward.window_s
+
+    def decide(self, context: dict[str, Any], candidates: list[dict[str, Any]], event_id: str, deferred: bool):
+        return self.decider.decide(context, candidates, event_id, deferred=deferred)
+
+    def reward(self, event_id: str, value: float) -> None:
+        self.decider.reward(event_id, value=value)
+
+    def activate(self, event_id: str) -> None:
+        self.decider.reward(event_id, reward_id=ACTIVATION_REWARD_ID)
+
+    # -- configuration --------------------------------------------------------------------
+
+    def configure(self, domain_settings: DomainSettings, extras: ServiceExtras | None = None) -> None:
+        """Take new settings: the mode applies to the next decision; everything is saved."""
+        with self._lock:
+            self.domain_settings = domain_settings
+            if extras is not None:
+                self.extras = extras
+            self.decider.settings = domain_settings  # read by Decider.mode on every decision
+            self._save()
+
+    def _save(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        data = {"domain": self.domain_settings.model_dump(mode="json"), "service": self.extras.to_json()}
+        tmp = self.path.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+        os.replace(tmp, self.path)
+
+    # -- snapshots ------------------------------------------------------------------------
+
+    def close(self) -> None:
+        self.decider.close()

@@ -1,0 +1,211 @@
+"""``banditstream serve`` with the hosted service's official clients, unchanged, on loopback.
+
+The service decides from a snapshot signed with real keys in a DirectoryStore and emits to
+the session's broker; what the clients did is read back from the decisions and rewards
+topics. Every response body is checked against the API definition's schema.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+from azure.ai.personalizer import PersonalizerAdministrationClient
+from azure.ai.personalizer import PersonalizerClient as PreviewClient
+from azure.cognitiveservices.personalizer import PersonalizerClient as V1Client
+from azure.cognitiveservices.personalizer.models import RankableAction, RankRequest
+from azure.core.credentials import AzureKeyCredential
+from azure.core.exceptions import HttpResponseError
+from msrest.authentication import CognitiveServicesCredentials
+
+from banditstream.serve import ServeApp
+from banditstream.serve_domains import Where
+from streams.settings import TopicSettings
+from streams.topics import ensure_topics
+from tests import join_helpers as H
+from tests import serve_helpers as S
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def topics() -> TopicSettings:
+    suffix = uuid.uuid4().hex[:8]
+    return TopicSettings(decisions=f"s-{suffix}.decisions", rewards=f"s-{suffix}.rewards", updates=f"s-{suffix}.updates",
+                         posterior=f"s-{suffix}.posterior", deadletter=f"s-{suffix}.deadletter", partitions=2, update_partitions=2)
+
+
+@pytest.fixture(scope="module")
+def served(kafka, topics, tmp_path_factory, keys, root):
+    tmp = tmp_path_factory.mktemp("serve")
+    ensure_topics(kafka, topics)
+    version = S.publish(tmp, keys, root)
+    settings = S.serve_settings(kafka, topics, tmp, root)
+    server = S.ServerThread(ServeApp(settings, seed=5)).start()
+    try:
+        yield S.Served(server.url, server.app, settings, version)
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def schemas() -> S.Schemas:
+    return S.Schemas()
+
+
+def context(age: float) -> list[dict]:
+    return [{"user": {"age": age, "mobile": True}}, {"timeOfDay": "morning"}]
+
+
+def test_the_v1_client_ranks_rewards_and_activates_a_deferred_rank(served, kafka, topics):
+    client = V1Client(served.url, CognitiveServicesCredentials(S.KEY))
+    actions = [RankableAction(id=arm, features=[{"kind": arm}]) for arm in S.ARMS]
+    ranked = client.rank(RankRequest(context_features=context(0.9), actions=actions, excluded_actions=["entertainment"]))
+    assert ranked.reward_action_id in ("sports", "news")
+    assert [a.id for a in ranked.ranking][-1] == "entertainment" and ranked.ranking[-1].probability == 0.0
+    assert ranked.ranking[0].id == ranked.reward_action_id
+    assert sum(a.probability for a in ranked.ranking) == pytest.approx(1.0)
+    client.events.reward(ranked.event_id, 0.8)
+
+    deferred = client.rank(RankRequest(context_features=context(0.1), actions=actions, event_id="deferred-v1-1", defer_activation=True))
+    assert deferred.event_id == "deferred-v1-1"
+    client.events.activate(deferred.event_id)
+    client.events.reward(deferred.event_id, 1.0)
+
+    decisions = {e["event_id"]: e for _, e in H.read_topic(kafka, topics.decisions, "decision", until=H.every_event([
+        ranked.event_id, deferred.event_id]), idle_s=0.5, timeout_s=60) if e["event_id"] in (ranked.event_id, deferred.event_id)}  # noqa: E501
+    first = decisions[ranked.event_id]
+    # the event logs the candidates (excluded left out) and the distribution the ranking reports
+    assert [a["id"] for a in first["actions"]] == ["sports", "news"]
+    by_id = {a.id: a.probability for a in ranked.ranking}
+    assert first["probabilities"] == pytest.approx([by_id["sports"], by_id["news"]])
+    assert first["actions"][first["chosen"]]["id"] == ranked.reward_action_id
+    assert first["context"]["numeric"] == {"user.age": 0.9}
+    assert first["context"]["categorical"] == {"user.mobile": "true", "timeOfDay": "morning"}
+    assert first["actions"][0]["features"]["categorical"] == {"kind": "sports"}
+    assert first["policy_version"] == served.version and first["tenant"] == "default" and first["domain"] == S.DOMAIN
+    assert first["deferred"] is False and decisions[deferred.event_id]["deferred"] is True
+
+    rewards = [e for _, e in H.read_topic(kafka, topics.rewards, "reward", until=lambda r: sum(
+        e["event_id"] in (ranked.event_id, deferred.event_id) for _, e in r) >= 3, idle_s=0.5, timeout_s=60)]
+    mine = sorted((e["event_id"], e["reward_id"] == "activate", e["value"]) for e in rewards
+                  if e["event_id"] in (ranked.event_id, deferred.event_id))  # fmt: skip
+    assert mine == sorted([(ranked.event_id, False, 0.8), (deferred.event_id, True, None), (deferred.event_id, False, 1.0)])
+
+
+def test_the_preview_clients_rank_multislot_and_configure(served, kafka, topics):
+    endpoint, credential = served.url, AzureKeyCredential(S.KEY)
+    client = PreviewClient(endpoint, credential)
+    admin = PersonalizerAdministrationClient(endpoint, credential)
+    actions = [{"id": arm, "features": [{"kind": arm}]} for arm in S.ARMS]
+
+    ranked = client.rank({"contextFeatures": context(0.95), "actions": actions})
+    assert ranked["rewardActionId"] in S.ARMS and len(ranked["ranking"]) == 3
+    client.reward(ranked["eventId"], {"value": 1.0})
+    deferred = client.rank({"contextFeatures": context(0.5), "actions": actions, "deferActivation": True})
+    client.activate(deferred["eventId"])
+    client.reward(deferred["eventId"], {"value": 0.0})
+
+    slots = [{"id": "main", "baselineAction": "news", "features": [{"size": "large"}]},
+             {"id": "side", "baselineAction": "sports", "excludedActions": ["entertainment"]}]
+    multi = client.rank_multi_slot({"contextFeatures": context(0.2), "actions": actions, "slots": slots, "deferActivation": True})
+    chosen = {s["id"]: s["rewardActionId"] for s in multi["slots"]}
+    assert set(chosen) == {"main", "side"} and chosen["main"] != chosen["side"] and chosen["side"] != "entertainment"
+    client.reward_multi_slot(multi["eventId"], {"reward": [{"slotId": "main", "value": 1.0}, {"slotId": "side", "value": 0.5}]})
+    client.activate_multi_slot(multi["eventId"])
+
+    config = admin.get_service_configuration()
+    assert config["rewardWaitTime"] == "PT0.5S" and config["learningMode"] == "Online"
+    config.update({"explorationPercentage": 0.3, "defaultReward": -0.5, "rewardAggregation": "average", "logRetentionDays": 30})
+    updated = admin.update_service_configuration(config)
+    assert updated["explorationPercentage"] == 0.3 and updated["rewardAggregation"] == "average"
+    assert updated["defaultReward"] == -0.5 and updated["logRetentionDays"] == 30
+    assert admin.get_service_configuration()["explorationPercentage"] == 0.3
+    loop = served.app.loop(Where("default", "main", S.DOMAIN))
+    assert loop.domain_settings.params["eps0"] == 0.3 and loop.domain_settings.reward.aggregate == "mean"
+    assert loop.path.exists()  # persisted in the state dir
+
+    policy = admin.get_policy()
+    assert policy["name"] == "lin_ucb" and "--alpha 0.05" in policy["arguments"]
+    changed = admin.update_policy({"name": "lin_ucb", "arguments": "--alpha 0.5 --seed 1"})
+    assert "--alpha 0.5" in changed["arguments"] and "--eps0 0.3" in changed["arguments"]  # the floor kept
+    reset = admin.reset_policy()
+    assert "--alpha 0.05" in reset["arguments"]
+
+    properties = admin.get_model_properties()
+    assert properties["creationTime"].endswith("Z")
+    model = b"".join(admin.export_model())
+    from publisher.snapshot import Snapshot
+
+    assert Snapshot.from_bytes(model).version == served.version  # the signed snapshot's blob
+    log_properties = admin.get_log_properties()
+    assert log_properties["dateRange"]["from"] <= log_properties["dateRange"]["to"]
+    with pytest.raises(HttpResponseError) as refused:
+        admin.delete_logs()
+    assert refused.value.status_code == 403
+
+    # the modes map onto the Decider: Apprentice acts on the baseline (the first candidate)
+    admin.update_service_configuration({"learningMode": "Apprentice"})
+    baseline = client.rank({"contextFeatures": context(0.95), "actions": actions})
+    assert baseline["rewardActionId"] == "sports" and baseline["ranking"][0] == {"id": "sports", "probability": 1.0}
+    admin.update_service_configuration({"learningMode": "Online"})
+
+    slot_ids = {f"{multi['eventId']}/main", f"{multi['eventId']}/side"}
+    decisions = {e["event_id"]: e for _, e in H.read_topic(kafka, topics.decisions, "decision",
+                 until=H.every_event(slot_ids | {deferred["eventId"], baseline["eventId"]}), idle_s=0.5, timeout_s=60)}  # fmt: skip
+    main = decisions[f"{multi['eventId']}/main"]
+    assert main["deferred"] is True and main["actions"][0]["id"] == "news"  # the slot's baseline first
+    assert main["context"]["categorical"]["slot.size"] == "large"
+    assert [a["id"] for a in decisions[f"{multi['eventId']}/side"]["actions"]][0] == "sports"
+    assert decisions[baseline["eventId"]]["mode"] == "shadow" and decisions[deferred["eventId"]]["mode"] == "live"
+    rewards = H.read_topic(kafka, topics.rewards, "reward", until=lambda r: sum(e["event_id"] in slot_ids for _, e in r) >= 4,
+                           idle_s=0.5, timeout_s=60)  # fmt: skip
+    per_slot = sorted((e["event_id"], e["reward_id"] == "activate", e["value"]) for _, e in rewards if e["event_id"] in slot_ids)
+    assert per_slot == sorted([(f"{multi['eventId']}/main", False, 1.0), (f"{multi['eventId']}/side", False, 0.5),
+                               (f"{multi['eventId']}/main", True, None), (f"{multi['eventId']}/side", True, None)])
+
+
+def test_every_response_body_validates_against_the_api_definition(served, schemas):
+    u, qs = served.url, S.PREVIEW_QS
+    rank = {"contextFeatures": context(0.4), "actions": [{"id": a, "features": []} for a in S.ARMS], "excludedActions": ["news"]}
+    service = {"rewardWaitTime": "PT10M", "defaultReward": 0.0, "rewardAggregation": "earliest", "explorationPercentage": 0.2,
+               "modelExportFrequency": "PT5M", "logRetentionDays": -1}
+    calls = [
+        ("v1.0", "POST", "/rank", f"{u}{S.V1}/rank", rank, 201),
+        ("v1.0", "GET", "/configurations/service", f"{u}{S.V1}/configurations/service", None, 200),
+        ("v1.0", "PUT", "/configurations/service", f"{u}{S.V1}/configurations/service", service, 200),
+        ("v1.0", "GET", "/configurations/policy", f"{u}{S.V1}/configurations/policy", None, 200),
+        ("v1.0", "PUT", "/configurations/policy", f"{u}{S.V1}/configurations/policy", {"name": "lin_ucb", "arguments": "--alpha 0.1"}, 200),
+        ("v1.0", "DELETE", "/configurations/policy", f"{u}{S.V1}/configurations/policy", None, 200),
+        ("v1.0", "GET", "/model", f"{u}{S.V1}/model", None, 200),
+        ("v1.0", "GET", "/model/properties", f"{u}{S.V1}/model/properties", None, 200),
+        ("v1.0", "GET", "/logs/properties", f"{u}{S.V1}/logs/properties", None, 200),
+        ("v1.0", "POST", "/rank", f"{u}{S.V1}/rank", {"actions": []}, 400),
+        ("2022-09-01-preview", "POST", "/rank", f"{u}/personalizer/rank?{qs}", rank, 201),
+        ("2022-09-01-preview", "POST", "/multislot/rank", f"{u}/personalizer/multislot/rank?{qs}",
+         {**rank, "excludedActions": None, "slots": [{"id": "s1", "baselineAction": "news"}]}, 201),
+        ("2022-09-01-preview", "GET", "/configurations/service", f"{u}/personalizer/configurations/service?{qs}", None, 200),
+        ("2022-09-01-preview", "PUT", "/configurations/service", f"{u}/personalizer/configurations/service?{qs}",
+         {**service, "modelRetrainDays": 0, "learningMode": "Online"}, 200),
+        ("2022-09-01-preview", "GET", "/configurations/policy", f"{u}/personalizer/configurations/policy?{qs}", None, 200),
+        ("2022-09-01-preview", "DELETE", "/configurations/policy", f"{u}/personalizer/configurations/policy?{qs}", None, 200),
+        ("2022-09-01-preview", "GET", "/model/properties", f"{u}/personalizer/model/properties?{qs}", None, 200),
+        ("2022-09-01-preview", "GET", "/logs/properties", f"{u}/personalizer/logs/properties?{qs}", None, 200),
+        ("2022-09-01-preview", "DELETE", "/logs", f"{u}/personalizer/logs?{qs}", None, 403),
+        ("2022-09-01-preview", "POST", "/rank", f"{u}/personalizer/rank?{qs}", {"actions": "x"}, 400),
+        ("2022-09-01-preview", "PUT", "/configurations/service", f"{u}/personalizer/configurations/service?{qs}",
+         {"rewardWaitTime": "soon"}, 400),
+    ]
+    event_ids = {}
+    for version, method, path, url, body, status in calls:
+        got, headers, payload = S.call(method, url, body)
+        assert got == status, (method, url, payload)
+        schemas.validate(version, path, method, got, payload)
+        if path == "/rank" and got == 201:
+            event_ids[version] = payload["eventId"]
+    for version, prefix, suffix in (("v1.0", S.V1, ""), ("2022-09-01-preview", "/personalizer", f"?{qs}")):
+        event_id = event_ids[version]
+        got, _, payload = S.call("POST", f"{u}{prefix}/events/{event_id}/reward{suffix}", {"value": 0.5})
+        assert (got, payload) == (204, None)
+        got, _, payload = S.call("POST", f"{u}{prefix}/events/{event_id}/activate{suffix}")
+        assert (got, payload) == (204, None)
