@@ -44,6 +44,8 @@ def decision(i: int, rng: random.Random, *, domain: str = "routing", n_actions: 
         "deferred": False,
         "recommended": -1,
         "channel": "stable",
+        "recommended_probabilities": [],
+        "recommended_version": "",
     }
 
 
