@@ -3,13 +3,14 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+TOOLS  := $(VENV)/.deploy-tools
 
 .PHONY: demo test bench soak venv deploy-tools clean
 
 demo: $(STAMP)  ## run the main job on the embedded default stack
 	$(BIN)/banditstream demo $(ARGS)
 
-test: $(STAMP)  ## run the whole test suite (starts its own broker and S3 server)
+test: $(STAMP) $(TOOLS)  ## run the whole test suite (starts its own broker and S3 server)
 	$(BIN)/pytest -q $(ARGS)
 
 bench: $(STAMP)  ## run the benchmarks; each prints a table and a final JSON line
@@ -23,8 +24,11 @@ soak: $(STAMP)  ## a bounded chaos run: 15 min, 30 faults, 100,000 fuzzed bad re
 
 venv: $(STAMP)
 
-deploy-tools: $(STAMP)  ## docker-compose, promtool and helm for tests/test_deploy.py (apt-get needs root)
+deploy-tools: $(TOOLS)  ## docker-compose, promtool and helm for tests/test_deploy.py (apt-get needs root)
+
+$(TOOLS): $(STAMP) deploy/install-tools.sh
 	BIN=$(BIN) bash deploy/install-tools.sh
+	touch $(TOOLS)
 
 $(STAMP): pyproject.toml constraints.txt
 	test -d $(VENV) || $(PYTHON) -m venv $(VENV)

@@ -18,6 +18,7 @@ from typing import Any, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from banditstream.config import ConfigError, Settings, load_settings
@@ -84,24 +85,35 @@ def _dev_dir(state_dir: Optional[Path]) -> Path:
 def dev_up(
     state_dir: Optional[Path] = typer.Option(None, help=f"Where ports, pids and logs go (default {DEFAULT_DEV_DIR})."),
     s3: bool = typer.Option(True, help="Start the S3 server too."),
+    workers: bool = typer.Option(
+        False, "--workers", help="Also create the topics, generate keys (unless publish.keys_dir has some), start join, learn, publish.",
+    ),  # fmt: skip
 ) -> None:
-    """Start the broker and S3 server on free loopback ports and print how to reach them."""
+    """Start the broker and S3 server on free loopback ports and print how to reach them.
+
+    The table goes to stderr and the `export` lines to stdout: `eval "$(banditstream dev up)"`."""
     stack = LocalStack(_dev_dir(state_dir), s3=s3)
-    with console.status("starting the local stack…"):
+    with err_console.status("starting the local stack…"):
         info = stack.up()
-    table = Table("server", "pid", "address", title="local stack")
+        if workers:
+            try:
+                info = stack.start_workers(state.config_path)
+            except BaseException:
+                stack.down()
+                raise
+    table = Table("process", "pid", "address", title="local stack", caption=f"logs in {stack.state_dir}")
     for proc in info.processes:
-        address = info.kafka_bootstrap if proc.name == "tansu" else info.s3_endpoint
-        table.add_row(proc.name, str(proc.pid), address or "")
-    console.print(table)
-    console.print("# connection settings (eval \"$(banditstream dev env)\" to use them):")
+        address = {"tansu": info.kafka_bootstrap, "seaweedfs": info.s3_endpoint}.get(proc.name)
+        table.add_row(proc.name, str(proc.pid), address or f"http://127.0.0.1:{proc.ports[0]}/metrics")
+    err_console.print(table)
+    print("# connection settings (the same from `banditstream dev env`):")
     for name, value in info.environment().items():
         print(f"export {name}={value}")
 
 
 @dev_app.command("down")
 def dev_down(state_dir: Optional[Path] = typer.Option(None, help="The state directory given to `dev up`.")) -> None:
-    """Stop every server `dev up` started and wait until their ports are free."""
+    """Stop everything `dev up` started (the workers first) and wait until their ports are free."""
     stopped = LocalStack(_dev_dir(state_dir)).down()
     if not stopped:
         console.print("no local stack is running")
@@ -199,6 +211,23 @@ def publish() -> None:
     run_publisher(settings.worker_config(), _publisher_settings(settings), stop=stop, metrics=metrics)
 
 
+@app.command()
+def serve(
+    config: Optional[Path] = typer.Option(None, "--config", "-c", help="Config file (.toml, .yaml, .json); as the global --config."),
+    host: Optional[str] = typer.Option(None, "--host", help="Address to bind (default: serve.host)."),
+    port: Optional[int] = typer.Option(None, "--port", min=0, max=65535, help="Port (default: serve.port; 0 picks a free one)."),
+) -> None:
+    """Run the Personalizer-compatible REST service (rank, reward, activate, ...). SIGTERM stops it."""
+    from banditstream.serve import run
+
+    if config is not None:
+        state.config_path, state._settings = config, None
+    if host is not None and not host.strip():
+        raise typer.BadParameter("must not be empty", param_hint="'--host'")
+    settings = state.settings()
+    run(settings, host=host, port=port)
+
+
 def _store(settings: Settings):
     from publisher.stores import open_store
 
@@ -275,8 +304,37 @@ def snapshot_list(tenant: Optional[str] = TENANT, workspace: Optional[str] = WOR
 
     settings = state.settings()
     rows = list_snapshots(_store(settings), tenant=tenant, workspace=workspace, domains=_domain_list(domains), verbose=verbose)
-    columns = list(rows[0]) if rows else ["domain", "version"]
-    console.print(_rows_table(rows, "snapshots", columns))
+    for table in _snapshot_tables(rows, verbose):
+        console.print(table)
+
+
+def _snapshot_tables(rows: list[dict], verbose: bool) -> list[Table]:
+    """`snapshot list`, readable at 80 columns: one table of the main fields per
+    tenant/workspace, or with ``verbose`` one field/value table per version."""
+    columns = ["domain", "version", "channels", "samples", "arms", "created (UTC)"]
+    if not rows:
+        return [_rows_table([], "snapshots", columns)]
+    if verbose:
+        tables = []
+        for row in rows:
+            table = Table("field", "value", title=f"{row['tenant']}/{row['workspace']} {row['domain']} {row['version']}")
+            table.columns[1].overflow = "fold"
+            for key, value in row.items():
+                if key not in ("tenant", "workspace", "domain", "version"):
+                    table.add_row(key, "" if value is None else ", ".join(map(str, value)) if isinstance(value, list) else str(value))
+            tables.append(table)
+        return tables
+    grouped: dict[str, Table] = {}
+    for row in rows:
+        where = f"{row['tenant']}/{row['workspace']}"
+        table = grouped.get(where)
+        if table is None:
+            table = grouped[where] = Table(*columns, title=f"snapshots of {where}")
+            for column in table.columns[:2]:  # the ids whole; channels and time wrap when space is short
+                column.no_wrap = True
+        created = (row["created_at"] or "").replace("T", " ").split(".")[0].rstrip("Z")
+        table.add_row(row["domain"], row["version"], ", ".join(row["channels"]), str(row["samples"]), str(row["arms"]), created)
+    return list(grouped.values())
 
 
 @snapshot_app.command("verify")
@@ -435,7 +493,7 @@ def demo(
     from learner.policies import POLICIES
 
     if policy not in POLICIES:
-        raise typer.BadParameter(f"unknown policy {policy!r}; known: {', '.join(sorted(POLICIES))}", param_hint="--policy")
+        raise typer.BadParameter(f"unknown policy {policy!r}; known: {', '.join(sorted(POLICIES))}", param_hint="'--policy'")
     chosen = tuple(d for d in domains.split(",") if d)
     options = demo_module.DemoOptions(
         events=events, domains=chosen, policy=policy, seed=seed, json_path=json_path, plot_path=plot,
@@ -493,7 +551,7 @@ def evaluate(
     log: str = typer.Option("topic", "--log", help="'topic' (the updates topic), 'topic:NAME', or .avro/.jsonl files, comma-separated."),
     candidates: str = typer.Option(
         "uniform,logging", "--candidates",
-        help="uniform, logging, always:ARM, snapshot:VERSION|CHANNEL, POLICY(param=v1|v2,...), comma-separated.",
+        help="uniform, logging, always:ARM, snapshot:VERSION|CHANNEL, shadow[:VERSION], POLICY(param=v1|v2,...), comma-separated.",
     ),
     estimators: str = typer.Option("ips,snips,dr", "--estimators", help="ips, snips, dm, dr, sndr, switch_dr:TAU, dros:LAMBDA, ips:CLIP."),
     bootstrap: int = typer.Option(0, "--bootstrap", min=0, help="Bootstrap resamples for the intervals (0: the closed-form Gaussian)."),
@@ -594,7 +652,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             pass
     try:
         # without standalone mode click hands back a command's typer.Exit code instead of exiting
-        code = app(args=argv, standalone_mode=False)
+        code = app(args=argv, prog_name="banditstream", standalone_mode=False)
     except EXPECTED_ERRORS as exc:
         if state.verbose:
             raise
@@ -605,13 +663,15 @@ def main(argv: Optional[list[str]] = None) -> int:
         return 130
     except typer.Exit as exc:
         return exc.exit_code
-    except Exception as exc:  # click usage errors arrive here in non-standalone mode
-        import click
-
-        if isinstance(exc, click.ClickException):
-            exc.show()
-            return exc.exit_code
-        raise
+    except typer.TyperException as exc:
+        # usage errors (a bad command, flag or value) of the click typer bundles, which is not
+        # the `click` package: `click.ClickException` never matches them
+        message = " ".join(exc.format_message().split()).rstrip(".")
+        if message:  # empty for a bare command group, whose help typer has printed already
+            ctx = getattr(exc, "ctx", None)
+            hint = f"; see '{ctx.command_path} --help'" if ctx is not None else ""
+            err_console.print(f"[bold red]error:[/] {escape(message)}{hint}", highlight=False, soft_wrap=True)
+        return exc.exit_code
     return code if isinstance(code, int) else 0
 
 

@@ -6,11 +6,16 @@ and passes down; this module only says what the sections are and what values are
 
 from __future__ import annotations
 
+import logging
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from streams.profiles import BrokerProfile, get_profile, PROFILES
+
+
+#: Where every client's librdkafka log lines go (served by its poll()), not straight to stderr.
+LIBRDKAFKA_LOG = logging.getLogger("banditstream.librdkafka")
 
 
 class _Section(BaseModel):
@@ -52,11 +57,15 @@ class KafkaSettings(_Section):
 
     def client_config(self, **overrides: Any) -> dict[str, Any]:
         """A plain librdkafka config dict for an admin client (no profile extras)."""
-        return {"bootstrap.servers": self.bootstrap_servers, "client.id": self.client_id, **self.extra, **overrides}
+        base = {"bootstrap.servers": self.bootstrap_servers, "client.id": self.client_id, "logger": LIBRDKAFKA_LOG}
+        return {**base, **self.extra, **overrides}
 
     def producer_config(self, **overrides: Any) -> dict[str, Any]:
         """librdkafka producer settings: idempotent, profile extras, then user extras."""
-        base = {"enable.idempotence": True, "linger.ms": 5, "partitioner": self.partitioner, **self.broker_profile.producer}
+        # Back within a second of a broker's return (librdkafka waits up to 10 s between
+        # reconnects): what a producer spooled meanwhile is late by the outage, not by that.
+        base = {"enable.idempotence": True, "linger.ms": 5, "partitioner": self.partitioner,
+                "reconnect.backoff.max.ms": 1000, **self.broker_profile.producer}
         return {**base, **self.client_config(), **overrides}
 
     def consumer_config(self, group_id: str, **overrides: Any) -> dict[str, Any]:

@@ -3,7 +3,7 @@
 No Docker engine or cluster is needed: each file goes through the tool that reads it
 (docker-compose, promtool, helm, kubernetes-validate), and every banditstream config they
 carry is loaded by the CLI's own loader. A missing tool fails the test with the command that
-installs it (`make deploy-tools`, which .ci/run runs); nothing here is skipped.
+installs it (`make deploy-tools`, which `make test` runs); nothing here is skipped.
 """
 
 from __future__ import annotations
