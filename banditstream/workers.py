@@ -25,7 +25,15 @@ _SAMPLE = re.compile(r"([a-zA-Z_:][\w:]*)(?:\{(.*)\})? (\S+)$")
 
 
 class WorkerExited(RuntimeError):
-    """A worker process ended while it was supposed to run."""
+    """A worker process ended while it was supposed to run (``name``, its exit ``code``)."""
+
+    def __init__(self, name: str, code: int, tail: list[str]):
+        how = f"exited with code {code}"
+        if code < 0:
+            with contextlib.suppress(ValueError):
+                how = f"was killed by {signal.Signals(-code).name}"
+        self.name, self.code, self.how = name, code, how
+        super().__init__(f"the {name} worker {how}: " + " | ".join(tail))
 
 
 class WorkerProcesses:
@@ -42,7 +50,7 @@ class WorkerProcesses:
         port = free_port()
         self.ports[name] = port
         prefix = ["-m", "cProfile", "-o", str(profile)] if profile else []
-        with open(self.workdir / f"{name}.log", "wb") as log:
+        with open(self.log_path(name), "wb") as log:
             self.processes[name] = subprocess.Popen(
                 [sys.executable, *prefix, "-m", "banditstream.cli", "--config", str(config), command or name],
                 env={**os.environ, "BANDITSTREAM_METRICS__PORT": str(port), "OPENBLAS_NUM_THREADS": "1"},
@@ -53,8 +61,17 @@ class WorkerProcesses:
         """Raise :class:`WorkerExited` (with the tail of its log) if a worker has ended."""
         for name, process in self.processes.items():
             if process.poll() is not None:
-                tail = (self.workdir / f"{name}.log").read_text(errors="replace").strip().splitlines()[-5:]
-                raise WorkerExited(f"the {name} worker exited with code {process.returncode}: " + " | ".join(tail))
+                raise WorkerExited(name, process.returncode, self.tail(name, 5))
+
+    def log_path(self, name: str) -> Path:
+        return self.workdir / f"{name}.log"
+
+    def tail(self, name: str, lines: int = 20) -> list[str]:
+        """The last ``lines`` lines of a worker's output."""
+        try:
+            return self.log_path(name).read_text(errors="replace").strip().splitlines()[-lines:]
+        except FileNotFoundError:
+            return []
 
     def pids(self) -> dict[str, int]:
         return {name: p.pid for name, p in self.processes.items()}

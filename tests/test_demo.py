@@ -5,11 +5,17 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+from rich.console import Console
+
+from banditstream.cli import _snapshot_tables
+from banditstream.demo import live_panel, summary_tables
 
 CLI = [sys.executable, "-m", "banditstream.cli", "demo"]
 
@@ -62,7 +68,148 @@ def test_demo_learns_a_clear_margin_over_random_and_leaves_nothing_running(tmp_p
         for estimator in ("snips", "dr"):
             assert figures["learned"][estimator]["lower"] > figures["uniform"][estimator]["estimate"], (name, figures)
     assert "off-policy, from the updates topic" in run.stdout
+    assert summary["reproducible"] is True and summary["not_reproducible_because"] == []
+    assert summary["rounds"] == 9  # 100, then 500 at a time
+    assert "pipeline.snapshots_published" in summary["timing_dependent"]
+    # not a terminal: plain progress lines while it waits, not silence
+    progress = [line for line in run.stdout.splitlines() if re.match(r"\s*\d+s  [\d,]+/4,000 decided, [\d,]+ joined", line)]
+    assert len(progress) >= 2, run.stdout[:3000]
     assert _processes_under(work) == []
+
+
+def test_the_same_seed_gives_the_same_figures(tmp_path):
+    summaries = []
+    for run_name in ("first", "second"):
+        out = tmp_path / f"{run_name}.json"
+        run = subprocess.run(
+            [*CLI, "--events", "600", "--seed", "11", "--round-size", "300", "--json", str(out), "--plot", str(tmp_path / "p.png")],
+            capture_output=True, text=True, timeout=600, cwd=tmp_path,
+        )  # fmt: skip
+        assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+        summaries.append(json.loads(out.read_text()))
+    first, second = summaries
+    assert first["reproducible"] and second["reproducible"]
+    for summary in summaries:  # what varies with the machine's timing, and only that
+        summary["pipeline"].pop("snapshots_published")
+        for key in ("sdk_decide_p50_us", "sdk_decide_p99_us", "seconds"):
+            summary.pop(key)
+        for figures in summary["evaluation"].values():
+            figures.pop("snapshot")
+    assert first == second
+
+
+def test_a_killed_worker_leaves_its_logs_where_the_message_says(tmp_path):
+    demo = subprocess.Popen(
+        [*CLI, "--events", "200000", "--plot", str(tmp_path / "x.png")],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
+    )  # fmt: skip
+    kept = None
+    try:
+        learner = None
+        deadline = time.monotonic() + 120
+        while learner is None and time.monotonic() < deadline:
+            assert demo.poll() is None, demo.stderr.read()[-2000:]
+            learner = next((pid for pid, cmdline in _children(demo.pid) if cmdline.endswith(" learn")), None)
+            time.sleep(0.2)
+        assert learner is not None, "the learner never started"
+        time.sleep(5)  # the learner is at work
+        os.kill(learner, signal.SIGKILL)
+        _, stderr = demo.communicate(timeout=120)
+        assert demo.returncode == 2, stderr
+        assert "the learn worker was killed by SIGKILL" in stderr
+        assert "Traceback" not in stderr
+        match = re.search(r"worker logs kept in (\S+); the last lines of learn\.log:", stderr)
+        assert match, stderr
+        kept = Path(match.group(1))
+        assert {"join.log", "learn.log", "publish.log"} <= {p.name for p in kept.iterdir()}
+        last = kept.joinpath("learn.log").read_text().strip().splitlines()[-1]
+        assert f"  {last}" in stderr  # its last lines are in the message
+        assert _processes_under(kept) == []
+    finally:
+        if demo.poll() is None:
+            demo.kill()
+        if kept is not None:
+            for line in _processes_under(kept):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(int(line.split(":")[0]), signal.SIGKILL)
+            subprocess.run(["rm", "-rf", str(kept)], check=False)
+
+
+def _children(pid: int) -> list[tuple[int, str]]:
+    """(pid, command line) of the live children of ``pid``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+                cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
+            except OSError:
+                continue
+            if int(fields[1]) == pid and fields[0] != "Z":
+                found.append((int(entry.name), cmdline))
+    return found
+
+
+def _rendered(*renderables) -> str:
+    console = Console(width=80, record=True, file=open(os.devnull, "w"))
+    for renderable in renderables:
+        console.print(renderable)
+    return console.export_text()
+
+
+def _assert_headers_whole(text: str, headers: list[str]) -> None:
+    assert "…" not in text, text
+    assert max(map(len, text.splitlines())) <= 80, text
+    flat = " ".join(text.split())
+    for header in headers:  # a header wrapped onto two lines still reads whole once the cells are joined
+        assert all(word in flat for word in header.split()), (header, text)
+
+
+def test_the_demo_tables_read_whole_at_80_columns():
+    rows = [("llm_routing", "1.0.137", 20, 0.581, 0.592, 0.249), ("support_templates", "", 0, None, None, None)]
+    panel = live_panel("events [bold]12,000[/]/20,000  143 decisions/s  learning round 13",
+                       "joined 117,424 rewarded + 12,576 default  late rewards 3,623  snapshots 1,113", rows)  # fmt: skip
+    text = _rendered(panel)
+    assert "joined 117,424 rewarded + 12,576 default  late rewards 3,623  snapshots 1,113" in text  # on one line
+    _assert_headers_whole(text, ["domain", "snapshot", "swaps", "reward", "oracle", "random"])
+    assert "support_templates" in text and "1.0.137" in text and "baseline" in text
+
+    estimate = {"estimate": 0.5, "lower": 0.45, "upper": 0.55}
+    figures = {"learned_reward": 0.581, "random_reward": 0.249, "oracle_reward": 0.592, "gain_ratio": 0.968,
+               "cumulative_regret": 1234.5, "decisions": 10_000, "snapshots_used": 20}  # fmt: skip
+    summary = {
+        "events": 20_000, "rounds": 21, "learned_reward": 0.73, "random_reward": 0.42, "oracle_reward": 0.74, "gain_ratio": 0.97,
+        "domains": {"llm_routing": figures, "support_templates": figures},
+        "pipeline": {"joins_rewarded": 17_400, "joins_default": 2_000, "late_rewards": 600, "dead_letters": 600,
+                     "snapshots_published": 72, "rewards_sent_in_window": 17_400, "rewards_never_sent": 2_000,
+                     "rewards_sent_late": 600},
+        "timing_dependent": ["pipeline.snapshots_published"], "sdk_decide_p50_us": 31.0, "sdk_decide_p99_us": 91.0, "seconds": 140.0,
+        "evaluation": {
+            name: {"snapshot": "1.0.137", **{c: {"snips": estimate, "dr": estimate} for c in ("learned", "logging", "uniform")}}
+            for name in ("llm_routing", "support_templates")
+        },
+    }  # fmt: skip
+    pipeline, rewards, evaluation = summary_tables(summary)
+    _assert_headers_whole(_rendered(pipeline), ["figure", "value"])
+    _assert_headers_whole(_rendered(rewards), ["domain", "learned", "random", "oracle", "gain over random", "regret"])
+    _assert_headers_whole(_rendered(evaluation), ["domain", "policy", "SNIPS", "95% interval", "DR"])
+    assert "learned 1.0.137" in " ".join(_rendered(evaluation).split())
+
+
+def test_snapshot_list_reads_whole_at_80_columns():
+    row = {"tenant": "default", "workspace": "main", "domain": "support_templates", "version": "1.12.137",
+           "channels": ["canary", "stable"], "samples": 123_456, "arms": 12, "dimension": 64, "policy": "shared_lin_ucb",
+           "created_at": "2026-11-24T19:25:05.759Z", "git_commit": "82e1c795f4da5d946763248f9a76b9b60e547c4a",
+           "derived_from": None, "length": 180_734}  # fmt: skip
+    (table,) = _snapshot_tables([row, {**row, "domain": "llm_routing"}], verbose=False)
+    text = _rendered(table)
+    _assert_headers_whole(text, ["domain", "version", "channels", "samples", "arms", "created (UTC)"])
+    assert "support_templates" in text and "1.12.137" in text and "123456" in text
+    sha256 = "f6170d0d2573d29e2d3ede5a57cfeec2903768691fe7b191bbea78a0bc148228"
+    (table,) = _snapshot_tables([{**row, "sha256": sha256, "target": "snapshot-1.12.137.avro.zst"}], verbose=True)
+    text = _rendered(table)
+    _assert_headers_whole(text, ["field", "value"])
+    assert sha256 in "".join(text.replace("│", " ").split())  # folded over lines, not cut
 
 
 def test_demo_ctrl_c_stops_every_process_it_started(tmp_path):

@@ -111,3 +111,23 @@ def test_up_twice_is_refused_and_status_reports_the_running_stack(tmp_path):
     finally:
         stack.down()
     assert stack.status() is None
+
+
+def test_dev_up_workers_without_a_declared_domain_is_refused_and_stops_the_broker(tmp_path):
+    (tmp_path / "bs.toml").write_text('[publish]\nevery_seconds = 1\n')
+    up = subprocess.run([*CLI, "--config", "bs.toml", "dev", "up", "--workers", "--no-s3"], capture_output=True, text=True,
+                        timeout=120, cwd=tmp_path)  # fmt: skip
+    assert up.returncode == 2, up.stderr
+    assert "at least one declared domain" in up.stderr and "Traceback" not in up.stderr
+    assert up.stdout == ""  # nothing for `eval` to pick up
+    assert not (tmp_path / ".banditstream" / "dev" / "stack.json").exists()
+
+
+def test_dev_up_workers_refuses_worker_state_left_from_an_earlier_broker(tmp_path):
+    (tmp_path / "bs.toml").write_text('[domains.banner]\n')
+    (tmp_path / ".banditstream" / "state" / "learn" / "shard-0000").mkdir(parents=True)
+    up = subprocess.run([*CLI, "--config", "bs.toml", "dev", "up", "--workers", "--no-s3"], capture_output=True, text=True,
+                        timeout=120, cwd=tmp_path)  # fmt: skip
+    assert up.returncode == 2, up.stderr
+    assert "worker state from an earlier broker" in up.stderr and "rm -rf .banditstream/state" in up.stderr
+    assert not (tmp_path / ".banditstream" / "dev" / "stack.json").exists()
