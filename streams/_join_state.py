@@ -59,7 +59,10 @@ produced and that records are produced in event-time order within the grace:
 * rewards read to their end at F: every reward produced before a decision handed over at or
   before F - margin is read, so the reward clock moves to that decision's time (a domain whose
   rewards are rare, or never come, still finalises as decisions flow); decisions read to their
-  end move the decision clock likewise from the rewards;
+  end move the decision clock likewise from the rewards. Never faster than the wall clock
+  from the newest reward (decision) read: in a backlog, the margin's wall time spans much
+  more event time, and a record in flight longer than the margin (a loaded producer)
+  would otherwise find its window closed;
 * both read to their end and nothing handed over for longer than the margin (traffic stopped):
   both clocks follow the wall clock from the newest event time read, ``stream_time + (F -
   margin - last_read)``, so the sweeper fires default rewards. A stall of a backlog's
@@ -97,6 +100,7 @@ _LOAD = pickle.loads
 _PROTOCOL = pickle.HIGHEST_PROTOCOL
 _HEAD = 9  # kind byte + 8-byte signed big-endian deadline (or done time), then the pickle
 NEVER = -(1 << 62)
+_LATEST = 1 << 62  # (an empty batch's oldest event time)
 #: Batches waiting to settle a clock per topic and partition before the oldest are merged.
 _UNSETTLED_MAX = 1024
 
@@ -280,6 +284,10 @@ class PartitionState:
         #: (wall ms handed over, newest event time) of batches not yet settled (:meth:`advance`).
         self.last_read = time.time() * 1000.0
         self._batch_newest = {True: NEVER, False: NEVER}
+        self._batch_oldest = {True: _LATEST, False: _LATEST}
+        #: per topic (True: decisions): (wall ms, event time) of the newest record handed
+        #: over, from which a settled clock may run ahead at wall-clock speed only
+        self._newest_read: dict[bool, tuple[float, int] | None] = {True: None, False: None}
         self._unsettled: dict[bool, deque[tuple[float, int]]] = {True: deque(), False: deque()}
         #: Source topic -> next offset after the newest record handled, stored with the state.
         self.offsets: dict[str, int] = {}
@@ -407,6 +415,8 @@ class PartitionState:
         """A record of the batch being read carries this event time (capped by the caller)."""
         if timestamp > self._batch_newest[is_decision]:
             self._batch_newest[is_decision] = timestamp
+        if timestamp < self._batch_oldest[is_decision]:
+            self._batch_oldest[is_decision] = timestamp
 
     def batch_read(self, read_wall_ms: float) -> None:
         """The batch's records were handed over at ``read_wall_ms``: each topic's clock moves
@@ -414,8 +424,14 @@ class PartitionState:
         for is_decision, newest in self._batch_newest.items():
             if newest == NEVER:
                 continue
-            self._batch_newest[is_decision] = NEVER
+            oldest = self._batch_oldest[is_decision]
+            self._batch_newest[is_decision], self._batch_oldest[is_decision] = NEVER, _LATEST
             self.last_read = read_wall_ms
+            if self._newest_read[is_decision] is None or newest >= self._newest_read[is_decision][1]:
+                self._newest_read[is_decision] = (read_wall_ms, newest)
+            if self._newest_read[not is_decision] is None:  # nothing of the other topic read yet:
+                other = self.reward_clock if is_decision else self.decision_clock  # its clock paces
+                self._newest_read[not is_decision] = (read_wall_ms, max(other, oldest))  # from here
             if newest > self.stream_time:
                 self.stream_time = newest
             if is_decision:
@@ -457,7 +473,13 @@ class PartitionState:
 
     def _settle(self, is_decision: bool, until_wall_ms: float, clock: str) -> None:
         unsettled = self._unsettled[is_decision]
+        newest = self._newest_read[not is_decision]  # the settled topic's own newest record
+        cap = None if newest is None else newest[1] + max(0.0, until_wall_ms - newest[0])
         while unsettled and unsettled[0][0] <= until_wall_ms:
+            at = unsettled[0][1]
+            if cap is not None and at > cap:
+                self._raise(clock, int(cap))  # the rest settles as the wall clock moves on
+                return
             self._raise(clock, unsettled.popleft()[1])
 
     def _raise(self, clock: str, value: int) -> None:

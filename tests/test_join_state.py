@@ -345,6 +345,43 @@ def test_a_backlog_stamped_an_hour_ago_joins_as_the_same_events_did_live(tmp_pat
     assert live["dead"]["late_reward"] > 100 and set(live["dead"]) == {"late_reward"}
 
 
+def test_a_backlog_whose_rewards_are_in_flight_longer_than_the_margin_joins_as_live(tmp_path):
+    """A backlog produced at full speed by a loaded producer: its decisions reach the broker
+    and are read within 100 ms, its rewards 1.5 s later (acknowledged late: more than the
+    in-flight margin), while the reader reports both topics read to their end. Decisions
+    handed over the margin ago must not carry the reward clock 26 s of event time ahead:
+    a settled clock runs at wall-clock speed from the newest record read. (Found by the soak:
+    a few hundred backlog decisions learned their default, their rewards dead-lettered late.)"""
+    events = pairs(11, 2000, T0)
+    live = join_as_read(tmp_path, events, lambda i: events[min(i, len(events) - 1)][1]["timestamp"] + 30, tag="live")
+    decisions = [e for e in events if e[0] == "decisions"]
+    rewards = [e for e in events if e[0] == "rewards"]
+    later = T0 + 3_600_000
+    n = len(decisions)
+    backlog = join_as_read(tmp_path, decisions + rewards,
+                           lambda i: later + i // 20 if i < n else later + 1500 + (i - n) // 20, tag="backlog")
+    assert backlog == live
+    assert sum(status == "rewarded" for status, _, _ in live["updates"].values()) > 1000
+
+
+def test_a_settled_clock_runs_at_wall_speed_from_the_first_record_read(tmp_path):
+    """Decisions of a backlog read at 10 s of event time per wall second, no reward read yet,
+    the rewards reported read to their end: the reward clock follows at wall speed from the
+    first decision read, not at the backlog's speed."""
+    core, db = join_core(), open_db(tmp_path / "db")
+    part = PartitionState(0, db, core.domains, 1000)
+    margin = int(JoinOptions().in_flight_margin_s * 1000)
+    wall = T0 + 3_600_000
+    for i in range(50):  # 100 ms of wall, 1 s of event time each
+        for k in range(10):
+            part.observe(True, T0 + 1000 * i + 100 * k)
+        part.batch_read(wall + 100 * i)
+        part.advance(None, wall + 100 * i, margin)
+        assert part.reward_clock <= T0 + max(0, 100 * i - margin)
+    assert part.reward_clock == T0 + 49 * 100 - margin
+    db.close()
+
+
 def test_decisions_never_rewarded_get_their_default_once_later_decisions_are_read(tmp_path):
     """A domain whose rewards never come: the rewards partition is read to its end, so the
     reward clock follows the decisions handed over at least the in-flight margin before."""
