@@ -1131,7 +1131,7 @@ class Soak:
             "ok": ok,
             # details, for the tables and --json
             "_samples": {
-                "lost": lost[:20], "wrong_status": wrong_status[:20], "wrong_reward": wrong_reward[:20],
+                "lost": _per_source(lost), "wrong_status": _per_source(wrong_status), "wrong_reward": _per_source(wrong_reward),
                 "wrong_fields": wrong_fields[:10], "unexpected_updates": unexpected[:10], "good_dead_lettered": good_dead[:20],
                 "late_not_dead_lettered": late_missing, "posterior_mismatched": posterior["mismatched"][:20],
                 "posterior_unexpected_models": posterior["unexpected_models"][:10], "live_wrong_status": self.live_wrong[:10],
@@ -1194,7 +1194,7 @@ class Soak:
                 continue
             t = Table("event id", "source", "decided/acked at s", "expected", "got (emitted at s)",
                       "rewards: ms after decision (sent/acked at s); L = late", "faults near", title=f"{name} (sample of {len(rows)})")
-            for r in rows[:12]:
+            for r in rows[:16]:
                 got = ", ".join(f"{st} {rw} ({at})" for st, rw, at in zip(r.get("got", []), r.get("got_reward", []), r["emitted_at_s"])) or "nothing"
                 rewards = " ".join(f"{x['offset_ms']}{'L' if x['late'] else ''} ({x['sent_at_s']}/{x['acked_at_s']})"
                                    for x in r["rewards"]) or "none"
@@ -1302,6 +1302,17 @@ def _merge_crashes(exits: list[dict[str, Any]], tracebacks: list[dict[str, Any]]
             crash.setdefault("exception", tb["exception"])
         else:
             out.append(tb)
+    return out
+
+
+def _per_source(rows: list[dict], n: int = 8) -> list[dict]:
+    """A sample of up to ``n`` rows per source (backlog, live, skewed, burst), in order."""
+    taken: Counter = Counter()
+    out = []
+    for row in rows:
+        if taken[row["source"]] < n:
+            taken[row["source"]] += 1
+            out.append(row)
     return out
 
 
