@@ -22,7 +22,8 @@ The workload, for ``--minutes`` (default 15):
    from a **clock-skewed producer** whose clock is ``--skew`` seconds behind (within the
    join's ``grace_s``): its events are stamped that far in the past. Every event's timestamp
    is its event time; rewards are produced when their timestamp comes. 2 % of the good records
-   are produced twice (duplicates);
+   are produced twice (duplicates: sent again once the broker acknowledged the first, as a
+   retry or a spool drain re-sends);
 3. ``--bad-records`` **fuzzed bad records** drawn with hypothesis (:mod:`benchmarks._soak_fuzz`),
    spread over the run, on the decisions, rewards and updates topics;
 4. ``--faults`` **faults** at seeded random times between 10 % and 80 % of the run: ``kill -9``
@@ -505,6 +506,8 @@ class Driver:
         self.by_id: dict[str, Decision] = {}
         self.bad: list[BadSent] = []
         self.dups: list[BadSent] = []
+        #: copies to send again once their original is acknowledged (role, key, value)
+        self.dups_ready: deque[tuple[str, bytes | None, bytes]] = deque()
         self.rewards_heap: list[tuple[float, int, str, str, bytes, Reward]] = []
         self.seq = 0
         self.recent: deque[Decision] = deque()
@@ -552,17 +555,34 @@ class Driver:
         topic = self.topics.decisions if role == "decisions" else self.topics.rewards if role == "rewards" else self.topics.updates
         p = self.producers[producer]
         kwargs = {} if partition is None else {"partition": partition}
+        on_delivery = self._placed(target, content_digest(key, value))
+        if producer != "bad" and self.rng.random() < self.DUP_RATE:
+            # The same record again once the broker has it, as a retry or a spool drain sends
+            # it (never re-duplicated). Sent at once from an idle producer, a copy overtook its
+            # loaded producer's queue by seconds: disorder past any grace, which no service
+            # re-sending its own events produces.
+            placed = on_delivery
+
+            def on_delivery(error, message, placed=placed):
+                placed(error, message)
+                if error is None:
+                    self.dups_ready.append((role, key, value))
+
         while True:
             try:
-                p.produce(topic, value=value, key=key, on_delivery=self._placed(target, content_digest(key, value)), **kwargs)
+                p.produce(topic, value=value, key=key, on_delivery=on_delivery, **kwargs)
                 break
             except BufferError:
                 p.poll(0.05)
         self.sent[role] += 1
-        if producer != "bad" and self.rng.random() < self.DUP_RATE:
+
+    def _send_ready_dups(self) -> None:
+        """Send the copies whose originals were acknowledged since the last call."""
+        while self.dups_ready:
+            role, key, value = self.dups_ready.popleft()
             dup = BadSent("duplicate", role, None, content_digest(key, value))
             self.dups.append(dup)
-            self._send("bad", role, key, value, dup)  # the same record again (never re-duplicated)
+            self._send("bad", role, key, value, dup)
 
     # -- good events ------------------------------------------------------------------------
 
@@ -611,8 +631,11 @@ class Driver:
             self._decide("backlog", ts, "backlog", 0)
             if i % 1000 == 0:
                 self.producers["backlog"].poll(0)
+                self._send_ready_dups()
         self._send_due_rewards(None)
         self.producers["backlog"].flush(300)
+        self._send_ready_dups()
+        self.producers["bad"].flush(300)
 
     # -- the loop ---------------------------------------------------------------------------
 
@@ -661,10 +684,13 @@ class Driver:
             self._send_due_rewards(now)
             for p in self.producers.values():
                 p.poll(0)
+            self._send_ready_dups()
             time.sleep(0.01)
         self._send_due_rewards(None)
         for p in self.producers.values():
             p.flush(300)
+        self._send_ready_dups()
+        self.producers["bad"].flush(300)
 
     def _bad(self, now_ms: int) -> None:
         record: BadRecord = self.fuzzer.next(now_ms)
