@@ -797,8 +797,9 @@ class JoinWorker:
         while True:
             try:
                 await loop.run_in_executor(None, send)
-            except (KafkaException, BufferError, RuntimeError, SystemError) as exc:  # SystemError: confluent-kafka's
-                attempts += 1  # flush on a producer gone fatal
+            # (SystemError: what confluent-kafka's flush raised on a producer gone fatal)
+            except (KafkaException, BufferError, RuntimeError, SystemError) as exc:
+                attempts += 1
                 if self._stopping or (self._stop is not None and self._stop.is_set()):
                     raise
                 self.metrics.output_retries.labels("join", what).inc()
