@@ -20,9 +20,11 @@ from publisher.publish import Publisher, PublisherConfig
 from publisher.pull import SnapshotClient
 from publisher.stores import DirectoryStore
 from streams.evaluation_log import read_updates
-from streams.serde import AvroSerde
 from streams.topics import ensure_topics
 from tests import join_helpers as H
+from tests.test_canary_routing import _Captured
+from tests.test_gate_worker import ARMS as ROUTE_ARMS
+from tests.test_gate_worker import domain, trained, truth
 
 ARMS = ["gpt-small", "gpt-large", "llama-70b", "haiku"]
 # Thompson sampling: its probabilities are a seeded Monte Carlo estimate, so they are equal
@@ -43,20 +45,6 @@ def _active(version: str, best: str, **kwargs) -> ActivePolicy:
 
 STABLE = _active("1.0.0", best="llama-70b")
 SHADOW = _active("2.0.0", best="haiku")
-
-
-class _Captured:
-    """An emitter that keeps what decide() emits, decoded."""
-
-    def __init__(self) -> None:
-        self.serde = AvroSerde("decision", framing="single_object")
-        self.events: list[dict] = []
-
-    def emit(self, topic: str, key: str, payload: bytes) -> None:
-        self.events.append(self.serde.decode(payload))
-
-    def close(self, timeout: float = 0.0) -> None:
-        return None
 
 
 def _decider(active: ActivePolicy, *, shadow: ActivePolicy | None = None, **kwargs) -> Decider:
@@ -227,51 +215,24 @@ def test_a_shadow_version_no_row_recommends_is_refused_naming_those_that_do():
 
 # -- (c) end to end on the real broker ----------------------------------------------------------
 
-ROUTE_ARMS = ["a", "b", "c"]
-
-
-def route() -> DomainSettings:
-    return DomainSettings.model_validate({
-        "policy": "lin_ucb", "params": {"alpha": 0.05, "eps0": 0.3, "seed": 1},
-        "features": {"dimension": 16, "normalize": False}, "reward": {"window_s": 0.5},
-    })  # fmt: skip
-
-
-def truth(arm: str, x1: float) -> float:
-    return {"a": 0.2 + 0.5 * x1, "b": 0.2 - 0.5 * x1, "c": 0.3}[arm]
-
-
-def trained(*, use_x1: bool, seed: int, n: int = 3000):
-    """A policy that learned the truth from uniform traffic (x1 hidden unless ``use_x1``)."""
-    settings = route()
-    policy, encoder = settings.make_policy(), settings.encoder()
-    rng = np.random.default_rng(seed)
-    x1s = rng.normal(size=n)
-    X = np.stack([encoder.context_vector({"numeric": {"bias": 1.0, "x1": x if use_x1 else 0.0}, "categorical": {}, "vector": []})
-                  for x in x1s])
-    arms = [ROUTE_ARMS[i] for i in rng.integers(0, 3, n)]
-    policy.update_batch(X, arms, [truth(a, x) + rng.normal(0, 0.1) for a, x in zip(arms, x1s)])
-    return policy
-
-
 def test_a_shadow_snapshot_is_rated_from_the_joined_log_as_the_snapshot_itself_and_above_the_logging_policy(
     kafka, topics, tmp_path, keys, root
 ):
     ensure_topics(kafka, topics)
     store = DirectoryStore(tmp_path / "snapshots")
-    publisher = Publisher(store, keys, root, domains={"route": route()},
+    publisher = Publisher(store, keys, root, domains={"route": domain(promotion=None)},
                           config=PublisherConfig(guards=GuardConfig(min_samples=1, drift_warmup=0)))
-    stable = publisher.publish("route", trained(use_x1=False, seed=1), channels=("stable",))  # mostly c: ~0.28
-    shadow = publisher.publish("route", trained(use_x1=True, seed=2), channels=("canary",))  # follows x1: ~0.49
+    stable = publisher.publish("route", trained(1.0, use_x1=False, seed=1), channels=("stable",))  # mostly c: ~0.28
+    shadow = publisher.publish("route", trained(1.0, use_x1=True, seed=2), channels=("canary",))  # follows x1: ~0.49
 
     def client(channel: str, cache: str) -> SnapshotClient:
         return SnapshotClient(store, tmp_path / cache, root, domain="route", channel=channel)
 
-    config = H.settings(kafka, topics, tmp_path / "state", domains={"route": route().model_dump(mode="json")}).worker_config()
+    config = H.settings(kafka, topics, tmp_path / "state", domains={"route": domain(promotion=None).model_dump(mode="json")}).worker_config()
     rng = np.random.default_rng(7)
     n = 1500
     with H.JoinThread(config) as join:
-        with Decider("route", client("stable", "cache-stable"), kafka=kafka, topics=topics, settings=route(), seed=3,
+        with Decider("route", client("stable", "cache-stable"), kafka=kafka, topics=topics, settings=domain(promotion=None), seed=3,
                      shadow_repository=client("canary", "cache-shadow"), spool_path=tmp_path / "spool") as sdk:
             assert (sdk.policy_version, sdk.shadow_version) == (stable.version, shadow.version)
             decided = set()
