@@ -12,9 +12,12 @@ The workflow, in the order a record meets it:
    other than the domain's (when not empty), a negative weight, a feature, reward or weight of
    magnitude 1e100 or more (whose squares could overflow the statistics), or sits under
    another key than its shard key goes to the dead-letter topic with its reason and raw
-   bytes. The worker never stops for one record. (Records read again after a restart are
-   dead-lettered again unless they lie before the group's committed offset: at-least-once,
-   and a dead letter's key is ``topic/partition/offset`` for readers that dedupe.)
+   bytes. The worker never stops for one record. Offsets are committed only once every dead
+   letter sent so far is acknowledged (failed ones are sent again, by a new producer if need
+   be), and a restart checks the records from the committed offset on again, even those its
+   store has learned already: a dead letter is never lost to a crash or a broker restart.
+   (So it may come twice: at-least-once, and a dead letter's key is
+   ``topic/partition/offset`` for readers that dedupe.)
 3. **Fold in offset-aligned blocks** (:mod:`streams._learn_shard`). Block ``k`` of a partition
    is every record with ``k*B <= offset < (k+1)*B`` (``B = options.block_size``). A complete
    block is deduplicated, grouped by domain and folded with one rank-k ``update_batch`` per
@@ -99,7 +102,7 @@ from streams._learn_rebuild import read_published
 from streams._learn_shard import BlockStats, DomainModel, ShardLearner, Update
 from streams.client import EventProducer
 from streams.deadletter import DeadLetters
-from streams.errors import BanditstreamError, DecodeError, UnknownDomain, ValidationError, WrongDimension
+from streams.errors import DecodeError, UnknownDomain, ValidationError, WrongDimension
 from streams.metrics import WorkerMetrics
 from streams.serde import AvroSerde
 from streams.topics import TopicError, check_topics
@@ -329,10 +332,17 @@ class Learner:
         decoded = self.update_serde.decode_batch([m.value() or b"" for m in good])
         shards = self._shards
         fed = 0
+        dead_letter_from = self._dead_letter_from
         for message, record in zip(good, decoded):
-            shard = shards.get(message.partition())
+            partition = message.partition()
+            shard = shards.get(partition)
             offset = message.offset()
-            if shard is None or offset < shard.position:
+            if shard is None:
+                continue
+            # Before the shard's position a record was learned already; it is only checked
+            # again from the committed offset on, for dead letters a crash may have lost.
+            fresh = offset >= shard.position
+            if not fresh and offset < dead_letter_from.get(partition, 0):
                 continue
             update = None
             if isinstance(record, DecodeError):
@@ -342,9 +352,9 @@ class Learner:
                     update = self._parse(record, message.key(), offset, len(message.value() or b""))
                 except ValidationError as error:
                     self._dead_letter(message, error)
-                else:
-                    fed += 1
-            shard.feed(offset, update)
+            if fresh:
+                fed += update is not None
+                shard.feed(offset, update)
         self._fed_since_publish += fed
         self.dead_letters.producer.poll(0)
 
@@ -408,12 +418,10 @@ class Learner:
         partition = message.partition()
         if message.offset() < self._dead_letter_from.get(partition, 0):
             return  # read again after a restart: dead-lettered when it was first read
-        where = dict(source_topic=message.topic(), partition=partition, offset=message.offset(), key=message.key())
-        try:
-            self.dead_letters.send(**where, value=message.value(), error=error)
-        except (BanditstreamError, KafkaException) as failure:  # e.g. too large for the broker
-            log.warning("dead letter of %s[%d]@%d sent without its value: %s", message.topic(), partition, message.offset(), failure)
-            self.dead_letters.send(**where, value=None, error=error)
+        self.dead_letters.send(
+            source_topic=message.topic(), partition=partition, offset=message.offset(), key=message.key(),
+            value=message.value(), error=error,
+        )  # fmt: skip
 
     def _on_block(self, stats: BlockStats) -> None:
         self.metrics.batch_size.labels(WORKER).observe(stats.learned)
@@ -489,7 +497,13 @@ class Learner:
             self._shards[partition].dirty.difference_update(keys)
             self._publish_all.discard(partition)
             offsets.append(TopicPartition(self.topic, partition, watermark))
-        self._commit(offsets, asynchronous=not sync_commit)
+        # A committed offset never passes a bad record whose dead letter is not on the topic:
+        # a restart checks again from the committed offset on (see _open).
+        if self.dead_letters.settle(self.options.flush_timeout_s):
+            self._commit(offsets, asynchronous=not sync_commit)
+        else:
+            log.warning("offsets not committed: %d dead letters not acknowledged; sending them again",
+                        self.dead_letters.outstanding)
         return True
 
     def _produce(self, topic: str, partition: int, key: str, value: bytes) -> None:
@@ -522,9 +536,12 @@ class Learner:
         fresh = [tp.partition for tp in partitions if tp.partition not in self._parked]
         opened = self._open(consumer, fresh)
         for tp in partitions:
-            shard = self._parked.pop(tp.partition, None) or opened[tp.partition]
+            parked = self._parked.pop(tp.partition, None)
+            shard = parked or opened[tp.partition]
             self._shards[tp.partition] = shard
-            tp.offset = shard.position
+            if parked is not None:  # everything before its position was checked by this process
+                self._dead_letter_from[tp.partition] = shard.position
+            tp.offset = min(shard.position, self._dead_letter_from[tp.partition])
         consumer.assign(partitions)
         for partition in list(self._parked):
             self._close(self._parked.pop(partition))
@@ -558,9 +575,11 @@ class Learner:
         )
         shards: dict[int, ShardLearner] = {}
         rebuild: dict[int, tuple[Any, int]] = {}
+        lows: dict[int, int] = {}
         for tp in tps:
             partition = tp.partition
             low, _ = consumer.get_watermark_offsets(tp, timeout=10, cached=False)  # the low end is trustworthy
+            lows[partition] = low
             db = self.store.shard(partition)
             stored = db.offsets().get((self.topic, partition))
             if stored is not None and stored < low:
@@ -587,7 +606,9 @@ class Learner:
                 start = committed.get(partition, low)
                 shards[partition] = self._rebuild(partition, db, start, published[partition], common)
         for partition, shard in shards.items():
-            self._dead_letter_from[partition] = max(shard.floor, committed.get(partition, 0))
+            # From the committed offset on, a bad record's dead letter may have died with the
+            # previous process (sent, not acknowledged): check those records again.
+            self._dead_letter_from[partition] = committed.get(partition, lows[partition])
             self._publish_all.add(partition)
         return shards
 
@@ -634,7 +655,9 @@ class Learner:
                 self._close(shard)
             self._shards.clear()
             self._parked.clear()
-            self.dead_letters.producer.flush()
+            if not self.dead_letters.settle(self.options.flush_timeout_s):
+                log.warning("%d dead letters not acknowledged at shutdown; the next start sends them again",
+                            self.dead_letters.outstanding)
             self._producer.flush(self.options.flush_timeout_s)
             self.store.close()
             self.metrics.close()
