@@ -12,11 +12,19 @@ worker):
   ``deadline_ms = decision.timestamp + window``. ``update`` is the UpdateEvent without its
   reward part (features already encoded; stored pickled on its own, see
   :func:`encode_entry`); ``rewards`` maps reward_id to ``(timestamp, signals, value)``.
+  A *deferred* decision (Personalizer's ``deferActivation``) waits for its activation (a
+  reward with the reserved id ``activate``, kept in ``rewards`` under that id) until
+  ``decision.timestamp + activation_wait_s``; once activated its window runs from the
+  activation, ``deadline_ms = activation.timestamp + window`` (rewards that came before the
+  activation count). Never activated, it is emitted with ``join_status = not_activated``:
+  kept on the updates topic for evaluation, never learned.
 * ``["R", expire_ms, [waiting reward, ...]]`` - rewards that came before their decision;
   they wait until ``expire_ms = first reward's timestamp + window``, then are dead-lettered
   (``reward_without_decision``). Each keeps its raw bytes and source coordinates.
 * ``["X", done_wall_ms, reward_ids]`` - the decision was emitted; kept ``done_retention_s``
   so a replayed or duplicated decision or reward is recognised, then purged locally.
+  ``["X", done_wall_ms, reward_ids, "not_activated"]`` for a deferred decision emitted
+  unactivated: an activation read after it is dead-lettered (``late_activation``).
 * ``["Z", done_wall_ms, last_offset]`` - early rewards whose decision never came were
   dead-lettered; a replayed reward at or below ``last_offset`` is skipped. Purged like "X".
 * ``m:meta`` - the clock, per source topic the next offset handled (``offsets``) and where
@@ -179,6 +187,10 @@ class JoinOptions:
     #: Streams' grace): a decision's default fires only once its rewards are read past its
     #: window's end plus this.
     grace_s: float = 2.0
+    #: How long a deferred decision waits for its activation, seconds of event time from
+    #: the decision's timestamp; never activated by then, it is emitted as ``not_activated``
+    #: (kept for evaluation, never learned), and a later activation is dead-lettered.
+    activation_wait_s: float = 900.0
     #: How long one flush of a batch's outputs or changelog may wait for the broker, seconds;
     #: past it (or on a producer error) the producer is rebuilt and the batch sent again,
     #: for as long as the broker is away: the join waits out an outage rather than exit.
@@ -574,6 +586,7 @@ class JoinCore:
         #: How long past its window a decision can still be told from a re-send (its done
         #: marker is kept ``done_retention_s``), ms.
         self._forget_ms = self._grace_ms + int(round(options.done_retention_s * 1000))
+        self._activation_wait_ms = int(round(options.activation_wait_s * 1000))
 
     # -- events --------------------------------------------------------------------------
 
@@ -658,13 +671,22 @@ class JoinCore:
             "decision_time": event["timestamp"],
             "weight": 1.0,
             "_shard": shard,
+            "_deferred": bool(event.get("deferred")),
         }
-        deadline = event["timestamp"] + domain.window_ms
+        if update["_deferred"]:
+            deadline = event["timestamp"] + self._activation_wait_ms
+        else:
+            deadline = event["timestamp"] + domain.window_ms
         rewards: dict[str, tuple] = {}
-        if entry is not None:  # rewards that came first
+        if entry is not None:  # rewards (or its activation) that came first
             part.waiting -= 1
-            for waiting in entry[2]:
-                self._attach(update, deadline, rewards, waiting, out)
+            early = sorted(entry[2], key=lambda waiting: waiting[0] != ACTIVATION_REWARD_ID)  # the activation first
+            for waiting in early:
+                if waiting[0] == ACTIVATION_REWARD_ID:
+                    if update["_deferred"]:  # (else there is nothing to activate)
+                        deadline = self._activate(update, deadline, rewards, waiting, domain, out) or deadline
+                else:
+                    self._attach(update, deadline, rewards, waiting, out)
         if domain.normalize:  # encoded with the normaliser as it is now: never rebuilt by a replay
             part.put(key, ["D", deadline, update, rewards])
         else:
@@ -672,17 +694,18 @@ class JoinCore:
         heapq.heappush(part.heap, (deadline, key))
 
     def reward(self, part: PartitionState, event: dict, source: DeadLetter, out: Outputs) -> None:
-        if event["reward_id"] == ACTIVATION_REWARD_ID:
-            # An activation of a deferred decision (banditstream serve's deferActivation), not
-            # a reward: never aggregated. (Holding deferred decisions back until activated is
-            # not built yet: they are learned like any other.)
-            out.activations += 1
-            return
         key = EVENT_PREFIX + event["event_id"].encode()
         entry = part.get(key)
         reward_id = event["reward_id"]
         owner = (event["tenant"], event["workspace"], event["domain"])
         waiting = (reward_id, event["timestamp"], dict(event.get("signals") or {}), event.get("value"), owner, source)
+        if reward_id == ACTIVATION_REWARD_ID:
+            # The activation of a deferred decision (banditstream serve's deferActivation):
+            # it opens the decision's window, and is never aggregated as a reward.
+            out.activations += 1
+            if entry is not None and entry[0] in ("D", "X"):
+                self._activation(part, key, entry, waiting, source, out)
+                return
         if entry is not None and entry[0] == "Z":
             if source.offset <= entry[2]:  # a replay of a reward dead-lettered with them
                 return
@@ -718,6 +741,51 @@ class JoinCore:
             return
         if self._attach(entry[2], entry[1], entry[3], waiting, out):
             part.hold(key, entry, source.topic, source.offset)
+
+    def _activation(self, part: PartitionState, key: bytes, entry: list, waiting: tuple, source: DeadLetter,
+                    out: Outputs) -> None:
+        """An activation read for a decision already read (waiting, or emitted)."""
+        if entry[0] == "X":
+            if len(entry) > 3:  # emitted unactivated: too late
+                out.dead.append(_refuse(source, "late_activation",
+                                        f"its deferred decision waited activation_wait_s for an activation and was "
+                                        f"emitted as not_activated (at {entry[1]})"))
+            elif ACTIVATION_REWARD_ID in entry[2]:
+                out.duplicate("activation", key[len(EVENT_PREFIX):].decode())
+            return  # (a decision that was not deferred: nothing to activate)
+        update, rewards = entry[2], entry[3]
+        if not update.get("_deferred"):
+            return
+        deadline = self._activate(update, entry[1], rewards, waiting, self.domains[update["domain"]], out)
+        if deadline is not None:
+            entry[1] = deadline
+            part.hold(key, entry, source.topic, source.offset)
+            heapq.heappush(part.heap, (deadline, key))
+
+    def _activate(self, update: dict, deadline: int, rewards: dict, waiting: tuple, domain: "_Domain",
+                  out: Outputs) -> int | None:
+        """Activate a deferred decision: its new deadline (the window from the activation), or
+        None when the activation is refused or a duplicate."""
+        reward_id, ts, _signals, _value, owner, source = waiting
+        if reward_id in rewards:
+            out.duplicate("activation", update["event_id"])
+            return None
+        if owner != (update["tenant"], update["workspace"], update["domain"]):
+            out.dead.append(_refuse(source, "reward_mismatch",
+                                    f"the activation names {'/'.join(owner)}, its decision "
+                                    f"{update['tenant']}/{update['workspace']}/{update['domain']}"))
+            return None
+        if ts > deadline:
+            out.dead.append(_refuse(source, "late_activation",
+                                    f"timestamp {ts} is after its deferred decision stopped waiting at {deadline}"))
+            return None
+        if ts < update["decision_time"] - self._skew_ms:
+            out.dead.append(_refuse(source, "reward_before_decision",
+                                    f"timestamp {ts} is more than max_clock_skew_s before its decision's "
+                                    f"{update['decision_time']}"))
+            return None
+        rewards[ACTIVATION_REWARD_ID] = (ts, {}, None)
+        return max(ts, update["decision_time"]) + domain.window_ms
 
     def _attach(self, update: dict, deadline: int, rewards: dict, waiting: tuple, out: Outputs) -> bool:
         """Add a reward to a waiting decision, or count/dead-letter it; True if added."""
@@ -764,7 +832,10 @@ class JoinCore:
             update, rewards = entry[2], entry[3]
             domain = self.domains[update["domain"]]
             out.updates.append(self._finalise(domain, update, rewards))
-            part.put(key, ["X", done_at, tuple(rewards)])
+            done = ["X", done_at, tuple(rewards)]
+            if out.updates[-1][1]["join_status"] == "not_activated":
+                done.append("not_activated")
+            part.put(key, done)
         heap, clock = part.early_heap, part.decision_clock - grace
         while heap and heap[0][0] < clock:
             expire, key = heapq.heappop(heap)
@@ -780,6 +851,10 @@ class JoinCore:
     def _finalise(self, domain: _Domain, update: dict, rewards: dict) -> tuple[str, dict]:
         record = dict(update)
         shard = record.pop("_shard")
+        deferred = record.pop("_deferred", False)  # (absent from entries opened before deferral was built)
+        activated = ACTIVATION_REWARD_ID in rewards
+        if activated:
+            rewards = {rid: reward for rid, reward in rewards.items() if rid != ACTIVATION_REWARD_ID}
         if rewards:
             events = [{"reward_id": rid, "timestamp": ts, "signals": signals, "value": value}
                       for rid, (ts, signals, value) in rewards.items()]
@@ -789,6 +864,8 @@ class JoinCore:
         else:
             record.update(reward=float(domain.engine.default_reward), signals={}, reward_count=0,
                           join_status="default", reward_time=None)
+        if deferred and not activated:
+            record["join_status"] = "not_activated"  # kept for evaluation, never learned
         return shard, record
 
 

@@ -50,8 +50,12 @@ faust recovers to is exact.
 
 Limitations: normaliser statistics are per partition (each partition observes only its
 own decisions, so partitions' features scale slightly differently until the statistics
-converge); the deadline index is in memory (about 100 bytes per waiting decision); a
-decision's ``deferred`` flag is not acted on.
+converge); the deadline index is in memory (about 100 bytes per waiting decision).
+
+A decision marked ``deferred`` (``deferActivation`` in ``banditstream serve``) is learned
+only once activated - its window runs from the activation - and is emitted as
+``not_activated`` (kept for evaluation, never learned) when no activation comes within
+``activation_wait_s`` (see :mod:`streams._join_state`).
 """
 
 from __future__ import annotations

@@ -33,7 +33,9 @@ The workflow, in the order a record meets it:
    describe decisions the policy did not act on: they are counted
    (``banditstream_updates_not_learned{mode}``) and kept out of the posterior (they stay on
    the updates topic for off-policy evaluation). ``join_status=default`` updates are learned:
-   their reward is the domain's default reward.
+   their reward is the domain's default reward. ``join_status=not_activated`` updates (a
+   deferred decision never activated) are not learned either (counted under
+   ``mode="not_activated"``).
 5. **Dedupe.** After a crash the join may emit an UpdateEvent twice (same ``event_id``, same
    key, so the same partition). An update is a duplicate when its ``event_id`` was seen
    earlier in its block or in the ``window_blocks`` blocks before it
@@ -393,7 +395,9 @@ class Learner:
         model_key, shard_key = known_key
         if key != shard_key:
             raise WrongShardKey("key", key, f"an update of this model is keyed {shard_key.decode()!r}")
-        return Update(offset, record["event_id"], model_key, features, reward, weight, record["mode"])
+        # a deferred decision never activated is kept for evaluation, never learned
+        mode = "not_activated" if record["join_status"] == "not_activated" else record["mode"]
+        return Update(offset, record["event_id"], model_key, features, reward, weight, mode)
 
     def _model_key(self, ids: tuple[str, str, str, str], model: DomainModel) -> tuple[ArmKey, bytes]:
         """The model an update of (tenant, workspace, domain, arm) folds into, and its shard key."""

@@ -101,7 +101,8 @@ def model_key(update: Mapping) -> ArmKey:
 
 def make_updates(n: int, seed: int, *, prefix: str = "u", modes: bool = True) -> list[dict]:
     """``n`` valid UpdateEvents over every domain and arm; with ``modes`` about 3% are shadow
-    or off and 20% carry the default reward."""
+    or off and 1% deferred decisions never activated (none of them learned), and 20% carry
+    the default reward."""
     rng = random.Random(seed)
     hashes = {name: s.features.config_hash() for name, s in domain_settings().items()}
     names = list(DOMAINS)
@@ -111,6 +112,7 @@ def make_updates(n: int, seed: int, *, prefix: str = "u", modes: bool = True) ->
         arm = rng.choice(ARMS[domain])
         default = rng.random() < 0.2
         mode = rng.choices(("live", "shadow", "off"), (0.97, 0.02, 0.01))[0] if modes else "live"
+        status = "not_activated" if modes and rng.random() < 0.01 else "default" if default else "rewarded"
         out.append(
             {
                 "event_id": f"{prefix}-{i:07d}",
@@ -127,7 +129,7 @@ def make_updates(n: int, seed: int, *, prefix: str = "u", modes: bool = True) ->
                 "reward": 0.0 if default else rng.random(),
                 "signals": {},
                 "reward_count": 0 if default else 1,
-                "join_status": "default" if default else "rewarded",
+                "join_status": status,
                 "mode": mode,
                 "policy_version": "1.0.0",
                 "decision_time": 1_700_000_000_000 + i,
@@ -290,7 +292,7 @@ def reference(updates: Iterable[Mapping], placed: Iterable[tuple[int, int]]) -> 
         if update["event_id"] in seen:
             continue
         seen.add(update["event_id"])
-        if update["mode"] != "live":
+        if update["mode"] != "live" or update["join_status"] == "not_activated":
             continue
         rows.setdefault(update["domain"], []).append((where, update))
     models: dict[ArmKey, Policy] = {}

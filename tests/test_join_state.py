@@ -53,6 +53,13 @@ def traffic(seed: int = 3, n: int = 600) -> list[tuple[int, str, dict]]:
         domain = rng.choice(sorted(DOMAINS))
         event_id = f"ev-{i:05d}"
         d = decision(event_id, domain, rng, ts)
+        if i % 13 == 5:  # deferred: activated (early, in or after the window, twice) or never
+            d["deferred"] = True
+            if i % 39 != 5:
+                delay = rng.choice((-20, 500, 2500))
+                events.append((ts + delay, "rewards", activation(event_id, domain, rng, ts + delay)))
+                if i % 26 == 5:
+                    events.append((ts + delay + 9, "rewards", activation(event_id, domain, rng, ts + delay + 9)))
         events.append((ts, "decisions", d))
         if i % 17 == 0:
             events.append((ts + 3, "decisions", d))  # a duplicate decision
@@ -69,6 +76,13 @@ def traffic(seed: int = 3, n: int = 600) -> list[tuple[int, str, dict]]:
             events.append((ts, "rewards", reward(orphan, f"{orphan}-r", domain, rng, ts)))
     events.sort(key=lambda e: e[0])
     return events
+
+
+def activation(event_id: str, domain: str, rng: random.Random, ts: int) -> dict:
+    """What ``banditstream serve`` sends to activate a deferred decision."""
+    from streams._join_state import ACTIVATION_REWARD_ID
+
+    return {**reward(event_id, ACTIVATION_REWARD_ID, domain, rng, ts), "signals": {}, "value": None}
 
 
 def replay(tmp_path, entry_cache: int, *, restart_at: int | None = None, tag: str = "") -> tuple[list, dict, Counter]:
@@ -181,7 +195,7 @@ def test_entries_held_in_memory_change_nothing(tmp_path, entry_cache):
     reasons = {reason for batch in produced for _, _, reason in batch[1]}
     decisions = {event["event_id"] for _, topic, event in traffic() if topic == "decisions"}
     assert {record["event_id"] for _, record in updates} == decisions and len(updates) == len(decisions)
-    assert statuses == {"rewarded", "default"}
+    assert statuses == {"rewarded", "default", "not_activated"}
     assert {"late_reward", "reward_without_decision"} <= reasons
     assert any(record["reward_count"] > 1 for _, record in updates)
 
@@ -479,20 +493,80 @@ def test_a_decision_older_than_the_join_remembers_is_refused_not_learned_twice(t
     db.close()
 
 
-def test_an_activation_is_not_a_reward(tmp_path):
-    """banditstream serve activates a deferred decision with a reward of the reserved id
-    ``activate`` and no value: it is counted, never aggregated into the decision's reward."""
-    from streams._join_state import ACTIVATION_REWARD_ID
-
+def test_an_activation_of_a_decision_not_deferred_changes_nothing(tmp_path):
+    """``banditstream serve`` activates an event it did not rank itself in case it was
+    deferred: for a decision that was not, the activation is counted, never a reward."""
     core, db = join_core(), open_db(tmp_path / "db")
     part = PartitionState(0, db, core.domains, 1000)
     rng = random.Random(8)
     out = Outputs()
     core.decision(part, decision("e", "ranker", rng, T0), DeadLetter("decisions", 0, 0, b"", b""), out)
-    activation = {**reward("e", ACTIVATION_REWARD_ID, "ranker", rng, T0 + 5), "signals": {}, "value": None}
-    core.reward(part, activation, DeadLetter("rewards", 0, 0, b"", b""), out)
+    core.reward(part, activation("e", "ranker", rng, T0 + 5), DeadLetter("rewards", 0, 0, b"", b""), out)
     core.reward(part, reward("e", "r1", "ranker", rng, T0 + 10), DeadLetter("rewards", 0, 1, b"", b""), out)
-    fire_until(core, part, out, T0 + 10**6)
-    assert out.activations == 1 and not out.dead
+    fire_until(core, part, out, T0 + WINDOW_MS + GRACE_MS + 1)
+    core.reward(part, activation("e", "ranker", rng, T0 + 20), DeadLetter("rewards", 0, 2, b"", b""), out)
+    assert out.activations == 2 and not out.dead and not out.duplicates
     assert [(u["join_status"], u["reward_count"]) for _, u in out.updates] == [("rewarded", 1)]
+    db.close()
+
+
+def deferred(event_id: str, rng: random.Random, ts: int) -> dict:
+    return {**decision(event_id, "ranker", rng, ts), "deferred": True}
+
+
+def test_a_deferred_decision_waits_for_its_activation_and_its_window_runs_from_it(tmp_path):
+    core, db = join_core(), open_db(tmp_path / "db")
+    part = PartitionState(0, db, core.domains, 1000)
+    rng = random.Random(9)
+    out = Outputs()
+    activated_at = T0 + 3 * WINDOW_MS
+    core.decision(part, deferred("e", rng, T0), DeadLetter("decisions", 0, 0, b"", b""), out)
+    core.reward(part, reward("e", "before", "ranker", rng, T0 + 100), DeadLetter("rewards", 0, 0, b"", b""), out)
+    fire_until(core, part, out, activated_at - 1)  # long past a window from the decision
+    assert not out.updates
+    core.reward(part, activation("e", "ranker", rng, activated_at), DeadLetter("rewards", 0, 1, b"", b""), out)
+    core.reward(part, activation("e", "ranker", rng, activated_at + 1), DeadLetter("rewards", 0, 2, b"", b""), out)
+    core.reward(part, reward("e", "in", "ranker", rng, activated_at + WINDOW_MS), DeadLetter("rewards", 0, 3, b"", b""), out)
+    core.reward(part, reward("e", "late", "ranker", rng, activated_at + WINDOW_MS + 1), DeadLetter("rewards", 0, 4, b"", b""), out)
+    fire_until(core, part, out, activated_at + WINDOW_MS + GRACE_MS)
+    assert not out.updates  # the window from the activation, plus grace
+    fire_until(core, part, out, activated_at + WINDOW_MS + GRACE_MS + 1)
+    [(_, update)] = out.updates
+    assert (update["join_status"], update["reward_count"]) == ("rewarded", 2)  # "before" and "in"
+    assert update["reward_time"] == activated_at + WINDOW_MS and "_deferred" not in update
+    assert [(d.offset, d.reason) for d in out.dead] == [(4, "late_reward")]
+    assert out.activations == 2 and out.duplicates == {"activation": 1}
+    db.close()
+
+
+def test_a_deferred_decision_never_activated_is_kept_for_evaluation_not_learned(tmp_path):
+    core, db = join_core(), open_db(tmp_path / "db")
+    part = PartitionState(0, db, core.domains, 1000)
+    rng = random.Random(10)
+    wait = int(JoinOptions().activation_wait_s * 1000)
+    out = Outputs()
+    core.decision(part, deferred("e", rng, T0), DeadLetter("decisions", 0, 0, b"", b""), out)
+    core.reward(part, reward("e", "r", "ranker", rng, T0 + 100), DeadLetter("rewards", 0, 0, b"", b""), out)
+    fire_until(core, part, out, T0 + wait + GRACE_MS)
+    assert not out.updates
+    fire_until(core, part, out, T0 + wait + GRACE_MS + 1)
+    [(_, update)] = out.updates
+    assert (update["join_status"], update["reward_count"]) == ("not_activated", 1)
+    core.reward(part, activation("e", "ranker", rng, T0 + wait + 5), DeadLetter("rewards", 0, 1, b"", b""), out)
+    assert [(d.offset, d.reason) for d in out.dead] == [(1, "late_activation")]
+    db.close()
+
+
+def test_an_activation_read_before_its_deferred_decision_activates_it(tmp_path):
+    core, db = join_core(), open_db(tmp_path / "db")
+    part = PartitionState(0, db, core.domains, 1000)
+    rng = random.Random(11)
+    out = Outputs()
+    core.reward(part, reward("e", "r", "ranker", rng, T0 + 40), DeadLetter("rewards", 0, 0, b"", b""), out)
+    core.reward(part, activation("e", "ranker", rng, T0 + 50), DeadLetter("rewards", 0, 1, b"", b""), out)
+    core.decision(part, deferred("e", rng, T0), DeadLetter("decisions", 0, 0, b"", b""), out)
+    fire_until(core, part, out, T0 + 50 + WINDOW_MS + GRACE_MS + 1)
+    [(_, update)] = out.updates
+    assert (update["join_status"], update["reward_count"]) == ("rewarded", 1)
+    assert not out.dead
     db.close()

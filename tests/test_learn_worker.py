@@ -77,6 +77,9 @@ def stored_shards(state_dir: Path, topic: str, partitions: int) -> dict[int, tup
 # -- 1 -----------------------------------------------------------------------------------------
 
 
+SKIPPED = ("shadow", "off", "not_activated")
+
+
 @pytest.mark.integration
 def test_learned_posterior_equals_the_in_process_fold_of_the_same_updates(kafka, topics, tmp_path):
     ensure_topics(kafka, topics)
@@ -87,16 +90,19 @@ def test_learned_posterior_equals_the_in_process_fold_of_the_same_updates(kafka,
 
     with learner_in_thread(config) as learner:
         h.wait_published(kafka, "learn-t1", topics, produced.ends(), timeout=90)
-        not_learned = {m: h.metric(learner.metrics.port, "banditstream_updates_not_learned_total", mode=m) for m in ("shadow", "off")}
+        not_learned = {m: h.metric(learner.metrics.port, "banditstream_updates_not_learned_total", mode=m) for m in SKIPPED}
         records_in = h.metric(learner.metrics.port, "banditstream_records_in_total")
 
     published = h.latest_posterior(kafka, topics)
     h.assert_matches_reference(published, h.reference(updates, produced.placed))
     assert {k.domain for k in published} == {"route", "prompt", "tool"}
     assert any(k.arm == "" for k in published)  # the shared model of "tool"
-    # shadow and off updates are counted, not learned; default rewards are learned (reference)
+    # shadow, off and never activated updates are counted, not learned; default rewards are
+    # learned (reference)
     folded = h.folded(produced, block)  # the trailing block of each partition is not folded yet
-    assert not_learned == {m: sum(u["mode"] == m and folded(w) for u, w in zip(updates, produced.placed)) for m in ("shadow", "off")}
+    skipped = ["not_activated" if u["join_status"] == "not_activated" else u["mode"] for u in updates]
+    assert not_learned == {m: sum(s == m and folded(w) for s, w in zip(skipped, produced.placed)) for m in SKIPPED}
+    assert all(not_learned.values())
     assert records_in == len(updates)
     # the store holds whole blocks only: its offset is the last block boundary before the end
     ends = produced.ends()

@@ -122,7 +122,7 @@ def test_decision_history_holds_the_real_v2_with_recommended_and_without_channel
 
 
 def test_update_history_holds_the_real_v1_without_channel():
-    assert schemas.history("update") == [1, 2]
+    assert schemas.history("update") == [1, 2, 3]
     v1_fields = [f["name"] for f in schemas.load("update", 1)["fields"]]
     v2 = {f["name"]: f for f in schemas.load("update", 2)["fields"]}
     assert "channel" not in v1_fields
@@ -365,3 +365,35 @@ def test_a_reader_still_on_the_previous_schema_reads_events_with_a_recommendatio
 
     assert end == len(payload)
     assert event == record()
+
+
+# -- version 4 of the update: a deferred decision never activated ---------------------------
+
+
+def v3_update() -> dict:
+    """An UpdateEvent as a version-3 join writes it (a shadow's recommendation)."""
+    return {**v2_update(), "event_id": "evt-v3u", **SHADOW}
+
+
+def test_update_v4_adds_only_the_not_activated_status():
+    v3, current = schemas.load("update", 3), schemas.load("update")
+    old_fields = {f["name"]: f for f in v3["fields"]}
+    new_fields = {f["name"]: f for f in current["fields"]}
+    assert list(old_fields) == list(new_fields)
+    changed = [name for name in new_fields if new_fields[name] != old_fields[name]]
+    assert changed == ["join_status"]
+    assert old_fields["join_status"]["type"]["symbols"] == ["rewarded", "default"]
+    assert new_fields["join_status"]["type"]["symbols"] == ["rewarded", "default", "not_activated"]
+    assert schemas.fingerprint("update", 3) != schemas.fingerprint("update")
+
+
+@pytest.mark.parametrize("framing", ["single_object", "confluent"])
+def test_updates_written_before_not_activated_decode_unchanged(framing, decode_path):
+    payload, reader = _old_payloads("update", 3, v3_update(), framing, f"deferred-update-{framing}-{decode_path}")
+    if framing == "single_object":
+        assert payload[2:10] == schemas.fingerprint("update", 3)
+
+    assert reader.decode(payload) == {**v3_update()}
+    assert AvroSerde("update", framing="single_object").decode(
+        AvroSerde("update", framing="single_object").encode({**v3_update(), "join_status": "not_activated"})
+    )["join_status"] == "not_activated"

@@ -113,6 +113,8 @@ class LoggedBandit:
                 reason = "other_domain"
             elif update.get("mode", "live") not in modes:
                 reason = f"mode_{update.get('mode')}"
+            elif update.get("join_status") == "not_activated":  # never acted on: no outcome
+                reason = "not_activated"
             elif update["event_id"] in rows:
                 reason = "duplicate"
             else:
