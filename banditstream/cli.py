@@ -621,6 +621,51 @@ def evaluate(
         console.print(f"plot: {ev.forest_plot(run, png)}")
 
 
+@app.command()
+def stats(
+    domain: str = typer.Option(..., "--domain", help="The domain whose arms to rank."),
+    window: str = typer.Option("24h", "--window", help="Decisions stamped this long before now: seconds, or 90s, 15m, 24h, 7d."),
+    level: float = typer.Option(0.95, "--level", min=0.5, max=0.999, help="Interval level of the mean rewards."),
+    tenant: Optional[str] = TENANT,
+    workspace: Optional[str] = WORKSPACE,
+    json_path: Optional[Path] = typer.Option(None, "--json", help="Write the figures here."),
+) -> None:
+    """Per-arm statistics and the leaderboard of a domain, from the joined log (as GET /v1/stats)."""
+    import time
+
+    from banditstream import stats as st
+    from publisher.cli_ops import load_snapshot
+    from publisher.errors import PublisherError
+    from streams.evaluation_log import LogRange, read_updates
+
+    try:
+        window_s = st.parse_window(window)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--window") from None
+    settings = state.settings()
+    tenant, workspace = tenant or settings.tenant, workspace or settings.workspace
+    until_ms = int(time.time() * 1000)
+    since_ms = until_ms - int(window_s * 1000)
+    topic = settings.topics.updates
+    with err_console.status(f"reading {topic}"):
+        updates, report = read_updates(settings.kafka, topic, settings.worker_config().serde("update", topic=topic),
+                                       log_range=LogRange(since_ms=since_ms))
+    policy, version = None, ""
+    try:
+        snapshot, _ = load_snapshot(_store(settings), settings.trusted_root_path, domain=domain, tenant=tenant, workspace=workspace)
+        policy, version = snapshot.load_policy(), snapshot.version
+    except PublisherError as exc:
+        err_console.print(f"[yellow]no posterior means:[/] {str(exc).splitlines()[0]}")
+    board = st.leaderboard(updates, tenant=tenant, workspace=workspace, domain=domain, since_ms=since_ms,
+                           until_ms=until_ms, policy=policy, snapshot_version=version, level=level)
+    console.print(st.table(board))
+    if report.undecodable:
+        err_console.print(f"[yellow]skipped[/] {report.undecodable} records of {topic} that do not decode")
+    if json_path is not None:
+        json_path.write_text(json.dumps(board.to_dict(), indent=2) + "\n", encoding="utf-8")
+        console.print(f"figures: {json_path}")
+
+
 def _time_ms(text: Optional[str], flag: str) -> Optional[int]:
     if text is None:
         return None

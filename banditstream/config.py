@@ -170,6 +170,7 @@ class ServeSettings(_Section):
     )  # fmt: skip
     remember_events: int = Field(200_000, ge=1, description="ranked event ids kept in memory per domain")
     allow_model_reset: bool = Field(False, description="let DELETE model publish a snapshot from priors (needs publish keys)")
+    stats_cache_s: float = Field(5.0, ge=0, description="GET /v1/stats reuses a leaderboard this long before reading the updates topic again")
 
     @field_validator("domain")
     @classmethod

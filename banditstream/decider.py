@@ -379,6 +379,11 @@ class Decider:
         return active.version if active is not None else ""
 
     @property
+    def active_policy(self) -> ActivePolicy | None:
+        """The stable snapshot in use (its policy, version, encoder); None without one."""
+        return self._active
+
+    @property
     def canary_version(self) -> str:
         """The canary snapshot's version; empty without one."""
         canary = self._canary

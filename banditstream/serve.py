@@ -20,6 +20,8 @@ Both forms of the API the clients use are answered:
 
 and ``/healthz``, ``/readyz``, ``/metrics`` (Prometheus) and ``/openapi.json`` (the
 operations served, from the public API definition; ``?api-version=`` picks the version).
+banditstream's own ``/v1/stats?domain=&window=`` answers the domain's per-arm statistics and
+leaderboard (:mod:`banditstream.stats`, as ``banditstream stats``), with the same key.
 
 Per request: the ``Ocp-Apim-Subscription-Key`` header is compared (constant time) with every
 configured key; the key's name picks the tenant, workspace and domain (``serve.routes``;
@@ -248,6 +250,7 @@ class ServeApp:
             if PREVIEW in versions:
                 routes.append(Route(pv + path, self._endpoint(pv + path, handler, PREVIEW), methods=methods, name=f"preview_{name}"))
         routes += [
+            Route("/v1/stats", self._endpoint("/v1/stats", self.stats, V1), methods=["GET"], name="stats"),
             Route("/healthz", self._plain("/healthz", self.healthz), methods=["GET"]),
             Route("/readyz", self._plain("/readyz", self.readyz), methods=["GET"]),
             Route("/metrics", self._plain("/metrics", self.prometheus), methods=["GET"]),
@@ -379,6 +382,24 @@ class ServeApp:
             slots.append({"id": slot.id, "rewardActionId": decision.action})
         loop.events.add(event_id, Ranked(time.time(), rank.defer, tuple(s.id for s in rank.slots)))
         return _json({"slots": slots, "eventId": event_id}, 201)
+
+    async def stats(self, request: Request, loop: DomainLoop, version: str) -> Response:
+        """banditstream's own: the domain's per-arm statistics and leaderboard (``window``:
+        seconds, or 15m, 24h, 7d; ``level`` of the intervals), as ``banditstream stats``."""
+        from banditstream.stats import parse_window
+
+        try:
+            window_s = parse_window(request.query_params.get("window", "1h"))
+        except ValueError as exc:
+            raise api.bad("window", str(exc)) from None
+        try:
+            level = float(request.query_params.get("level", "0.95"))
+        except ValueError:
+            level = math.nan
+        if not 0.5 <= level < 1.0:
+            raise api.bad("level", f"{request.query_params.get('level')!r} is not an interval level in [0.5, 1)")
+        board = await asyncio.get_running_loop().run_in_executor(None, loop.stats, window_s, level)
+        return _json(board.to_dict(), 200)
 
     def _known(self, loop: DomainLoop, event_id: str, code: str) -> Ranked | None:
         ranked = loop.events.get(event_id)

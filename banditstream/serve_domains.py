@@ -108,6 +108,7 @@ class DomainLoop:
         self.events = EventMemory(settings.serve.remember_events)
         self.decider = self._build_decider(seed)
         self._lock = threading.Lock()
+        self._stats: dict[tuple[float, float], tuple[float, Any]] = {}
 
     # -- building -------------------------------------------------------------------------
 
@@ -184,6 +185,36 @@ class DomainLoop:
         tmp = self.path.with_suffix(".json.tmp")
         tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
         os.replace(tmp, self.path)
+
+    # -- statistics -----------------------------------------------------------------------
+
+    def stats(self, window_s: float, level: float = 0.95):
+        """The domain's leaderboard over the decisions of the last ``window_s`` seconds, from
+        the updates topic, with the posterior means of the snapshot in use; a result is
+        reused for ``serve.stats_cache_s`` seconds (every replica reads the topic itself)."""
+        from banditstream.stats import leaderboard
+        from streams.evaluation_log import LogRange, read_updates
+
+        key = (window_s, level)
+        now = time.time()
+        with self._lock:
+            cached = self._stats.get(key)
+            if cached is not None and now - cached[0] < self.settings.serve.stats_cache_s:
+                return cached[1]
+        until_ms = int(now * 1000)
+        since_ms = until_ms - int(window_s * 1000)
+        topic = self.settings.topics.updates
+        updates, _ = read_updates(self.settings.kafka, topic, self.settings.worker_config().serde("update", topic=topic),
+                                  log_range=LogRange(since_ms=since_ms), timeout_s=60)
+        active = self.decider.active_policy
+        w = self.where
+        board = leaderboard(updates, tenant=w.tenant, workspace=w.workspace, domain=w.domain, since_ms=since_ms,
+                            until_ms=until_ms, policy=None if active is None else active.policy,
+                            snapshot_version="" if active is None else active.version, level=level)
+        with self._lock:
+            self._stats = {k: v for k, v in self._stats.items() if now - v[0] < self.settings.serve.stats_cache_s}
+            self._stats[key] = (now, board)
+        return board
 
     # -- snapshots ------------------------------------------------------------------------
 

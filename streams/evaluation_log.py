@@ -23,7 +23,7 @@ from typing import Any
 import fastavro
 
 import schemas
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from streams.errors import DecodeError
@@ -80,6 +80,8 @@ def read_updates(
         **{"enable.partition.eof": True, "enable.auto.commit": False, "fetch.max.bytes": 64 << 20,
            "max.partition.fetch.bytes": 16 << 20, "queued.max.messages.kbytes": 256 << 10},
     ))  # fmt: skip
+    if not starts and log_range.since_ms is not None:
+        starts = _offsets_at(consumer, topic, partitions, log_range.since_ms - _SEEK_SLACK_MS)
     consumer.assign([TopicPartition(topic, p, starts.get(p, OFFSET_BEGINNING)) for p in partitions])
     report = ReadReport()
     kept: list[dict[str, Any]] = []
@@ -116,6 +118,21 @@ def read_updates(
     report.kept = len(kept)
     report.seconds = time.monotonic() - started
     return kept, report
+
+
+#: How much earlier than the range's start reading seeks by record time: an update is written
+#: after its decision (window, grace), by a join whose clock may differ a little, ms.
+_SEEK_SLACK_MS = 10 * 60 * 1000
+
+
+def _offsets_at(consumer: Consumer, topic: str, partitions: list[int], timestamp_ms: int) -> dict[int, int]:
+    """Per partition, the first offset whose record time is at or after ``timestamp_ms``
+    (absent where the broker knows none: reading starts at the beginning there)."""
+    try:
+        found = consumer.offsets_for_times([TopicPartition(topic, p, max(0, timestamp_ms)) for p in partitions], timeout=10)
+    except KafkaException:
+        return {}
+    return {tp.partition: tp.offset for tp in found if tp.error is None and tp.offset >= 0}
 
 
 def read_update_files(paths: Iterable[str | Path], *, log_range: LogRange = LogRange()) -> tuple[list[dict[str, Any]], ReadReport]:

@@ -62,15 +62,20 @@ class Served:
 
 
 def serve_settings(kafka, topics, tmp_path: Path, root: bytes, **serve: Any) -> Settings:
+    return Settings.model_validate(serve_config(kafka, topics, tmp_path, root, **serve))
+
+
+def serve_config(kafka, topics, tmp_path: Path, root: bytes, **serve: Any) -> dict[str, Any]:
+    """The config tree of :func:`serve_settings` (for a config file the CLI reads)."""
     (tmp_path / "root.json").write_bytes(root)
-    return Settings.model_validate({
+    return {
         "kafka": kafka.model_dump(), "topics": topics.model_dump(),
         "stores": {"state_dir": str(tmp_path / "state"), "snapshots": str(tmp_path / "snapshots")},
         "sdk": {"trusted_root": str(tmp_path / "root.json"), "cache_dir": str(tmp_path / "cache"), "refresh_interval_s": 0.5},
         "serve": {"keys": {"team-a": KEY, "team-b": OTHER_KEY}, "domain": DOMAIN, "max_body_bytes": 64 * 1024,
                   "routes": {"team-b": {"tenant": "acme", "domain": "other"}}, **serve},
         "domains": {DOMAIN: domain_settings().model_dump(mode="json")},
-    })  # fmt: skip
+    }  # fmt: skip
 
 
 def publish(tmp_path: Path, keys, root: bytes) -> str:

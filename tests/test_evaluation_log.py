@@ -5,11 +5,13 @@ LoggedBandit arrays over one action universe."""
 from __future__ import annotations
 
 import random
+import time
 import uuid
 
 import fastavro
 import numpy as np
 import pytest
+from confluent_kafka import Producer
 
 import schemas
 from learner.evaluation.logged import LoggedBandit
@@ -90,3 +92,25 @@ def test_the_updates_topic_is_read_back_in_a_time_range_past_records_that_do_not
         fastavro.writer(handle, schemas.parsed("update"), rows)
     from_file, file_report = read_update_files([path], log_range=LogRange(until_ms=T0 + 10))
     assert file_report.records == 3000 and [u["event_id"] for u in from_file] == [u["event_id"] for u in rows[:10]]
+
+
+def test_a_time_range_keeps_exactly_the_updates_decided_in_it_whatever_the_seek_finds(kafka):
+    """Reading from ``since_ms`` first seeks by record time to 10 minutes before it (an update
+    is written after its decision), so a broker that answers ListOffsets by time skips a week
+    of older log. Tansu answers offset 0 for any time: the seek must then cost only speed."""
+    suffix = uuid.uuid4().hex[:8]
+    topic = f"t-{suffix}.u"
+    ensure_topics(kafka, TopicSettings(decisions=f"t-{suffix}.d", rewards=f"t-{suffix}.r", updates=topic,
+                                       posterior=f"t-{suffix}.p", deadletter=f"t-{suffix}.x", partitions=2, update_partitions=2))
+    now = int(time.time() * 1000)
+    rng = random.Random(4)
+    serde = AvroSerde("update", framing="single_object")
+    old = [update(i, rng, t=now - 7 * 86_400_000 + i) for i in range(400)]
+    new = [update(1000 + i, rng, t=now - 60_000 + i) for i in range(300)]
+    producer = Producer(kafka.producer_config())
+    for u in [*old, *new]:  # each written when it was decided
+        producer.produce(topic, key=u["event_id"], value=serde.encode(u), timestamp=u["decision_time"])
+    assert producer.flush(30) == 0
+    kept, report = read_updates(kafka, topic, serde, log_range=LogRange(since_ms=now - 3_600_000))
+    assert sorted(u["event_id"] for u in kept) == sorted(u["event_id"] for u in new)
+    assert report.records - report.out_of_range == len(new) and report.out_of_range in (0, len(old))

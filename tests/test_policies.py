@@ -249,6 +249,27 @@ def test_posterior_mean_is_the_closed_form_ridge_solution(name):
         np.testing.assert_array_equal(L, np.triu(L))
 
 
+@pytest.mark.parametrize("name", NAMES)
+def test_expected_rewards_score_each_row_with_its_own_arm_and_nan_for_an_unknown_one(name):
+    policy = trained(name, refactor_every=50) if name in LINEAR else trained(name)
+    X, arms, *_ = labelled(policy, 40, seed=2, arms=[*ARMS, "new"])
+    got = policy.expected_rewards(X, arms)
+    for i, arm in enumerate(arms):
+        if policy.shared:
+            assert got[i] == pytest.approx(X[i] @ policy.posterior_mean(SHARED_ARM), abs=1e-9)
+        elif arm == "new":
+            assert math.isnan(got[i])
+        elif name in LINEAR:  # the posterior mean as of the last row, whatever refactor_every
+            assert got[i] == pytest.approx(X[i] @ policy.posterior_mean(arm), abs=1e-9)
+        elif name == "beta_ts":  # the Beta posterior's mean in the row's segment
+            stats, seg = policy.arm_statistics(arm), policy.segments(X[i : i + 1])[0]
+            assert got[i] == pytest.approx(stats["alpha"][seg] / (stats["alpha"][seg] + stats["beta"][seg]))
+        else:  # the arm's weighted mean reward
+            stats = policy.arm_statistics(arm)
+            assert got[i] == pytest.approx(stats["s"] / stats["n"])
+    np.testing.assert_array_equal(policy.scoring_view().expected_rewards(X, arms), got)
+
+
 @pytest.mark.parametrize("name", LINEAR)
 def test_drift_is_covariance_trace_and_spectral_norm_of_A(name):
     policy = trained(name)

@@ -209,3 +209,52 @@ def test_every_response_body_validates_against_the_api_definition(served, schema
         assert (got, payload) == (204, None)
         got, _, payload = S.call("POST", f"{u}{prefix}/events/{event_id}/activate{suffix}")
         assert (got, payload) == (204, None)
+
+
+def test_stats_rank_the_arms_from_the_updates_topic_as_the_cli_does(served, kafka, topics, tmp_path, root):
+    """GET /v1/stats and `banditstream stats` read the same window of the updates topic and
+    give the same leaderboard, its posterior means from the snapshot the service decides with."""
+    import json
+    import random
+    import time
+
+    from banditstream.cli import main
+    from banditstream.stats import leaderboard
+    from streams.serde import AvroSerde
+    from tests.learn_helpers import make_updates, produce
+
+    now = int(time.time() * 1000)
+    rng = random.Random(12)
+    rows = []
+    for i, template in enumerate(make_updates(600, seed=12, modes=False)):
+        arm = S.ARMS[i % 3]
+        recent = i < 500  # the rest was decided two hours ago: outside the window
+        rows.append({**template, "event_id": f"stats-{i}", "domain": S.DOMAIN, "arm": arm, "arm_index": i % 3,
+                     "features": [1.0] + [rng.gauss(0, 1) for _ in range(15)], "feature_hash": "",
+                     "reward": float(rng.random() < {"sports": 0.6, "news": 0.3, "entertainment": 0.1}[arm]),
+                     "decision_time": now - (1000 * i if recent else 7_200_000 + i)})  # fmt: skip
+    serde = AvroSerde("update", framing="single_object")
+    produce(kafka, topics.updates, [(f"default/main/{S.DOMAIN}/{u['arm']}", serde.encode(u)) for u in rows])
+
+    got, _, body = S.call("GET", f"{served.url}/v1/stats?window=1h")
+    assert got == 200, body
+    policy = served.app.loop(Where("default", "main", S.DOMAIN)).decider.active_policy.policy
+    expected = leaderboard(rows, tenant="default", workspace="main", domain=S.DOMAIN, since_ms=body["since_ms"],
+                           until_ms=body["until_ms"], policy=policy, snapshot_version=served.version).to_dict()
+    assert body == expected
+    assert body["decisions"] == 500 and [a["arm"] for a in body["arms"]] == ["sports", "news", "entertainment"]
+    assert all(a["posterior_mean"] is not None for a in body["arms"])
+
+    tree = S.serve_config(kafka, topics, tmp_path, root)
+    tree["stores"]["snapshots"] = str(served.settings.stores.snapshots)  # the service's repository
+    config = tmp_path / "banditstream.json"
+    config.write_text(json.dumps(tree))
+    out = tmp_path / "stats.json"
+    assert main(["--config", str(config), "stats", "--domain", S.DOMAIN, "--window", "1h", "--json", str(out)]) == 0
+    cli = json.loads(out.read_text())
+    assert cli["arms"] == body["arms"] and cli["snapshot_version"] == served.version
+
+    for query, field in (("window=soon", "window"), ("level=2", "level")):
+        got, _, error = S.call("GET", f"{served.url}/v1/stats?{query}")
+        assert got == 400 and error["error"]["message"].startswith(f"{field}:"), error
+    assert S.call("GET", f"{served.url}/v1/stats", key=None)[0] == 401

@@ -45,6 +45,9 @@ class CountPolicy(Policy):
         safe = np.where(n > 0, n, 1.0)
         return np.where(n > 0, s / safe, self._arrays["pmean"][slots]), n
 
+    def _row_means(self, X: np.ndarray, slots: np.ndarray) -> np.ndarray:
+        return self._means(slots)[0]
+
     def _drift(self, slot: int) -> Drift:
         # The mean of n unit-variance rewards has variance 1/n; the "precision" is n itself.
         n = float(self._arrays["n"][slot])

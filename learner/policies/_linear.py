@@ -163,6 +163,10 @@ class LinearPolicy(Policy):
         self._refresh(np.array([slot]), force=True)
         return self._arrays["factor"][slot, 0].copy()
 
+    def _row_means(self, X: np.ndarray, slots: np.ndarray) -> np.ndarray:
+        self._refresh(np.unique(slots), force=True)  # the posterior mean as of the last row
+        return np.einsum("kd,kd->k", X, self._arrays["factor"][slots, 0])
+
     # --- scoring ---------------------------------------------------------------------------------
 
     def _mean_width(self, X: np.ndarray, slots: np.ndarray, block: Block | None) -> tuple[np.ndarray, np.ndarray]:

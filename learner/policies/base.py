@@ -330,6 +330,33 @@ class Policy:
         slot = self._existing_slot(arm)
         return {name: self._arrays[name][slot].copy() for name in self._stat_names}
 
+    def expected_rewards(self, X: np.ndarray, arms: Sequence[Any]) -> np.ndarray:
+        """The model's mean reward of each row with its own arm (row ``i`` scored for
+        ``arms[i]``; a shared model ignores the ids): ``x . theta`` for the linear models, the
+        arm's mean for the count-based ones; NaN for an arm the policy holds no state for.
+        For statistics (``banditstream stats``), not for deciding: no exploration, no floor."""
+        X = self._check_rows(X, "X")
+        if len(arms) != X.shape[0]:
+            raise ValueError(f"arms has {len(arms)} ids, but X has {X.shape[0]} rows")
+        out = np.full(X.shape[0], np.nan)
+        if not self._arms:
+            return out
+        if self.shared:
+            slots = np.zeros(X.shape[0], dtype=np.intp)
+        else:
+            lookup = self._slot
+            slots = np.fromiter(
+                (lookup.get(a, lookup.get(canonical_arm(a), -1)) for a in arms), dtype=np.intp, count=len(arms)
+            )  # fmt: skip
+        known = slots >= 0
+        if known.any():
+            out[known] = self._row_means(X[known], slots[known])
+        return out
+
+    def _row_means(self, X: np.ndarray, slots: np.ndarray) -> np.ndarray:
+        """Mean rewards of rows ``X`` with the arms in ``slots`` (one per row, repeats allowed)."""
+        raise NotImplementedError
+
     def update_count(self, arm: Any) -> int:
         """Number of rows folded into this arm's state (forgetting does not lower it)."""
         return int(self._arrays["count"][self._existing_slot(arm)])

@@ -130,6 +130,11 @@ class BetaTS(Policy):
         b = self._arrays["beta"][slots, seg]
         return argmax_frequencies(rng.beta(a, b, size=(self.n_draws, len(slots))))
 
+    def _row_means(self, X: np.ndarray, slots: np.ndarray) -> np.ndarray:
+        seg = self.segments(X)
+        a = self._arrays["alpha"][slots, seg]
+        return a / (a + self._arrays["beta"][slots, seg])
+
     def _drift(self, slot: int) -> Drift:
         a = self._arrays["alpha"][slot]
         b = self._arrays["beta"][slot]
