@@ -1,5 +1,7 @@
 """Static validation of the deployment files: docker-compose.yml, deploy/, helm/banditstream.
 
+The workers (join, learn, publish) and the REST service (serve) in both deployments.
+
 No Docker engine or cluster is needed: each file goes through the tool that reads it
 (docker-compose, promtool, helm, kubernetes-validate), and every banditstream config they
 carry is loaded by the CLI's own loader. A missing tool fails the test with the command that
@@ -26,6 +28,8 @@ COMPOSE = ROOT / "docker-compose.yml"
 CONFIG_IN_CONTAINER = "/etc/banditstream/banditstream.yaml"
 KUBE_VERSION = "1.30.0"
 WORKERS = ("join", "learn", "publish")
+SERVE = "serve"
+COMPONENT = "app.kubernetes.io/component"
 
 INSTALL = {
     "docker-compose": "`make deploy-tools` (apt-get install docker-compose)",
@@ -46,6 +50,10 @@ NON_DEFAULT_VALUES = {
         "learn": {"flush_timeout_s": 60, "block_size": 2048},
         "join": {"batch_max": 2000},
         "metrics": {"port": 1234, "host": "127.0.0.1"},  # the chart owns both
+        "sdk": {"cache_dir": "/ignored/too", "channel": "canary"},
+        # the chart owns host, port and key_dir
+        "serve": {"host": "127.0.0.1", "port": 1, "key_dir": "/nowhere", "domain": "llm_routing",
+                  "routes": {"web": {"domains": ["llm_routing"]}}, "max_body_bytes": 65536},
         "domains": {
             "llm_routing": {
                 "policy": "lin_ucb",
@@ -63,6 +71,11 @@ NON_DEFAULT_VALUES = {
     "join": {"replicas": 3, "persistence": {"enabled": False}, "podDisruptionBudget": {"enabled": False},
              "nodeSelector": {"pool": "stream"}, "tolerations": [{"key": "stream", "operator": "Exists"}]},
     "learn": {"terminationGracePeriodSeconds": 90, "persistence": {"storageClass": "fast-ssd", "size": "50Gi"}},
+    "serve": {"port": 8443, "replicas": 3, "autoscaling": {"enabled": False},
+              "keys": {"existingSecret": "prod-serve-keys"},
+              "service": {"type": "LoadBalancer", "annotations": {"lb.example.com/internal": "true"}},
+              "preStopSleepSeconds": 0, "podDisruptionBudget": {"enabled": False}, "nodeSelector": {"pool": "web"},
+              "probes": {"readiness": {"periodSeconds": 2, "failureThreshold": 5}}},
     "extraEnv": [{"name": "BANDITSTREAM_JOIN_LOGLEVEL", "value": "INFO"}],
     "extraEnvFrom": [{"secretRef": {"name": "kafka-client"}}],
     "serviceAccount": {"create": False, "name": "banditstream"},
@@ -157,7 +170,19 @@ def test_compose_configs_are_accepted_by_banditstream(tmp_path):
             if name == "publish":
                 assert any(m[1] == settings.publish.keys_dir for m in mounts), "publish does not mount the keys"
                 assert settings.stores.snapshots.startswith("s3://") and settings.s3.access_key_id
-    assert set(WORKERS) <= set(checked), checked
+            if name == SERVE:
+                # it writes its API configuration, spool and snapshot cache to its volume
+                assert any(m[1] == settings.stores.state_dir and m[0].endswith("-state") for m in mounts)
+                assert settings.sdk.cache_dir.startswith(settings.stores.state_dir + "/"), settings.sdk.cache_dir
+                # it verifies the snapshots against root.json of the keys volume, pulled from S3
+                assert ["keys", str(settings.trusted_root_path.parent), "ro"] in mounts
+                assert settings.stores.snapshots.startswith("s3://") and settings.s3.access_key_id
+                assert settings.serve.keys and not settings.serve.key_dir, "serve has no subscription key"
+                # the workers dead-letter events of unconfigured domains
+                routes = settings.serve.routes.values()
+                routed = {settings.serve.domain} | {d for r in routes for d in (r.domain, *r.domains) if d}
+                assert routed <= set(settings.domains), routed
+    assert {*WORKERS, SERVE} <= set(checked), checked
 
 
 def test_compose_workers_serve_metrics_where_prometheus_scrapes():
@@ -176,6 +201,28 @@ def test_compose_workers_serve_metrics_where_prometheus_scrapes():
         assert "entrypoint" not in service and service["command"] == [name], service.get("entrypoint")
         # the learner's SIGTERM flush (learn.flush_timeout_s, 30 s by default) must fit
         assert service["stop_grace_period"] in ("1m", "60s", "1m0s"), service["stop_grace_period"]
+
+
+def test_compose_serve_listens_where_prometheus_scrapes_and_on_loopback_only():
+    services = compose_config()["services"]
+    service = services[SERVE]
+    prometheus = yaml.safe_load((ROOT / "deploy" / "prometheus.yml").read_text())
+    targets = {t for job in prometheus["scrape_configs"] for sc in job["static_configs"] for t in sc["targets"]}
+    source, overrides = compose_service_config(service)
+    serve = load_settings(source, env=overrides).serve
+    assert serve.host == "0.0.0.0", f"serve binds to {serve.host}: neither the published port nor prometheus reach it"
+    assert f"{SERVE}:{serve.port}" in targets, f"prometheus does not scrape {SERVE}:{serve.port}"
+    assert f"http://127.0.0.1:{serve.port}/healthz" in " ".join(service["healthcheck"]["test"])
+    assert "entrypoint" not in service and service["command"] == [SERVE], service.get("entrypoint")
+    published = []
+    for port in service["ports"]:  # "127.0.0.1:8080:8080/tcp", or the long form
+        if isinstance(port, dict):
+            published.append((port.get("host_ip"), int(port["published"]), int(port["target"])))
+        else:
+            host_ip, host_port, target = port.split("/")[0].split(":")
+            published.append((host_ip, int(host_port), int(target)))
+    assert published == [("127.0.0.1", 8080, serve.port)], published
+    assert SERVE in services["prometheus"]["depends_on"]
 
 
 def test_prometheus_config_is_valid():
@@ -203,6 +250,8 @@ def test_chart_renders_valid_kubernetes_objects(tmp_path, values):
     assert len(passed) == len(builtin), done.stdout + done.stderr
     kinds = {doc["kind"] for doc in docs}
     assert {"ConfigMap", "StatefulSet", "Deployment", "Service", "PodDisruptionBudget"} <= kinds
+    # the serve Deployment's replicas are the autoscaler's by default, the values' otherwise
+    assert ("HorizontalPodAutoscaler" in kinds) == (not values)
     assert ("ServiceMonitor" in kinds) == bool(values), "the ServiceMonitor must render only when enabled"
 
 
@@ -212,10 +261,15 @@ def test_chart_config_is_accepted_by_banditstream(tmp_path):
         config_file = rendered_config(tmp_path, docs)
         settings = load_settings(config_file, env={})
         assert settings.metrics.host == "0.0.0.0", "the workers' /metrics must be reachable on the pod IP"
+        assert settings.serve.host == "0.0.0.0", "serve must be reachable on the pod IP"
+        assert not settings.serve.check_event_ids, "serve runs replicas behind one Service"
         cli_accepts(config_file, {})
         workloads = [*by_kind(docs, "StatefulSet").values(), *by_kind(docs, "Deployment").values()]
-        assert len(workloads) == 3
+        components = sorted(w["metadata"]["labels"]["app.kubernetes.io/component"] for w in workloads)
+        assert components == sorted([*WORKERS, SERVE])
         for workload in workloads:
+            if workload["metadata"]["labels"]["app.kubernetes.io/component"] == SERVE:
+                continue  # test_chart_serve_*
             pod = workload["spec"]["template"]["spec"]
             worker = pod["containers"][0]
             mounts = {m["mountPath"]: m["name"] for m in worker["volumeMounts"]}
@@ -238,12 +292,18 @@ def test_chart_services_scrape_the_workers_metrics_port(tmp_path, values):
     docs = helm_template(tmp_path, values)
     port = load_settings(rendered_config(tmp_path, docs), env={}).metrics.port
     annotated = (values or {}).get("metrics", {}).get("serviceAnnotations", True)
-    services = by_kind(docs, "Service")
-    assert {s["metadata"]["labels"]["app.kubernetes.io/component"] for s in services.values()} == set(WORKERS)
-    for service in services.values():
+    services = {s["metadata"]["labels"]["app.kubernetes.io/component"]: s for s in by_kind(docs, "Service").values()}
+    assert set(services) == {*WORKERS, SERVE}
+    for name in WORKERS:
+        service = services[name]
         assert service["spec"]["ports"] == [{"name": "metrics", "port": port, "targetPort": "metrics", "protocol": "TCP"}]
         annotations = service["metadata"].get("annotations") or {}
         assert annotations.get("prometheus.io/port") == (str(port) if annotated else None)
+    # serve: /metrics on the API's port
+    serve_port = load_settings(rendered_config(tmp_path, docs), env={}).serve.port
+    annotations = services[SERVE]["metadata"].get("annotations") or {}
+    assert annotations.get("prometheus.io/port") == (str(serve_port) if annotated else None)
+    assert annotations.get("prometheus.io/path") == ("/metrics" if annotated else None)
 
 
 def test_chart_keeps_rocksdb_state_on_persistent_volumes(tmp_path):
@@ -257,17 +317,33 @@ def test_chart_keeps_rocksdb_state_on_persistent_volumes(tmp_path):
         assert sts["spec"]["template"]["spec"]["securityContext"]["runAsNonRoot"]
 
 
+def selects(selector: dict, labels: dict) -> bool:
+    """A label selector (matchLabels and matchExpressions) matches these labels."""
+    if not selector.get("matchLabels", {}).items() <= labels.items():
+        return False
+    for expression in selector.get("matchExpressions", []):
+        key, operator, values = expression["key"], expression["operator"], expression.get("values", [])
+        if not {"In": labels.get(key) in values, "NotIn": labels.get(key) not in values,
+                "Exists": key in labels, "DoesNotExist": key not in labels}[operator]:  # fmt: skip
+            return False
+    return True
+
+
 def test_service_monitor_selects_every_metrics_service(tmp_path):
     docs = helm_template(tmp_path, NON_DEFAULT_VALUES)
-    (monitor,) = by_kind(docs, "ServiceMonitor").values()
-    assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
-    assert monitor["metadata"]["labels"]["release"] == "kube-prometheus"
-    selector = monitor["spec"]["selector"]["matchLabels"]
-    ports = {e["port"] for e in monitor["spec"]["endpoints"]}
-    selected = [s for s in by_kind(docs, "Service").values() if selector.items() <= s["metadata"]["labels"].items()]
-    assert {s["metadata"]["labels"]["app.kubernetes.io/component"] for s in selected} == set(WORKERS)
-    for service in selected:
-        assert ports <= {p["name"] for p in service["spec"]["ports"]}
+    services = by_kind(docs, "Service").values()
+    scraped = []
+    for monitor in by_kind(docs, "ServiceMonitor").values():
+        assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
+        assert monitor["metadata"]["labels"]["release"] == "kube-prometheus"
+        ports = {e["port"] for e in monitor["spec"]["endpoints"]}
+        assert {e["path"] for e in monitor["spec"]["endpoints"]} == {"/metrics"}
+        selected = [s for s in services if selects(monitor["spec"]["selector"], s["metadata"]["labels"])]
+        assert selected, monitor["metadata"]["name"]
+        for service in selected:  # every endpoint's port is on every Service the monitor selects
+            assert ports <= {p["name"] for p in service["spec"]["ports"]}, service["metadata"]["name"]
+            scraped.append(service["metadata"]["labels"]["app.kubernetes.io/component"])
+    assert sorted(scraped) == sorted([*WORKERS, SERVE]), "each Service is scraped exactly once"
 
 
 def test_chart_refuses_a_grace_period_shorter_than_the_learner_flush(tmp_path):
@@ -279,8 +355,121 @@ def test_chart_refuses_a_grace_period_shorter_than_the_learner_flush(tmp_path):
     assert done.returncode != 0 and "flush_timeout_s" in done.stderr
 
 
-def test_chart_schema_rejects_a_mistyped_value(tmp_path):
+@pytest.mark.parametrize("mistyped", ["join.replica=3", "serve.autoscaling.maxReplica=3", "serve.keys.secret=k"])
+def test_chart_schema_rejects_a_mistyped_value(tmp_path, mistyped):
     done = subprocess.run(
-        [tool("helm"), "template", "r", str(CHART), "--set", "join.replica=3"], capture_output=True, text=True, timeout=60
+        [tool("helm"), "template", "r", str(CHART), "--set", mistyped], capture_output=True, text=True, timeout=60
     )
-    assert done.returncode != 0 and "replica" in done.stderr
+    assert done.returncode != 0 and mistyped.split(".")[-1].split("=")[0] in done.stderr
+
+
+# -- helm: serve -------------------------------------------------------------------------------
+
+
+def serve_objects(docs: list[dict]) -> tuple[dict, dict, dict | None]:
+    """The serve Deployment, its Service and its HorizontalPodAutoscaler (None: none)."""
+
+    def serve(kind: str) -> list[dict]:
+        return [d for d in by_kind(docs, kind).values() if d["metadata"]["labels"].get(COMPONENT) == SERVE]
+
+    (deployment,), (service,), hpas = serve("Deployment"), serve("Service"), serve("HorizontalPodAutoscaler")
+    assert len(hpas) <= 1
+    return deployment, service, (hpas[0] if hpas else None)
+
+
+@pytest.mark.parametrize("values", [None, NON_DEFAULT_VALUES], ids=["default", "non-default"])
+def test_chart_serve_probes_port_and_scaling(tmp_path, values):
+    docs = helm_template(tmp_path, values)
+    settings = load_settings(rendered_config(tmp_path, docs), env={})
+    deployment, service, hpa = serve_objects(docs)
+    pod = deployment["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert container["args"] == [SERVE] and "command" not in container, "the image's entrypoint runs `banditstream serve`"
+    assert container["ports"] == [{"name": "http", "containerPort": settings.serve.port, "protocol": "TCP"}]
+    port = settings.serve.port
+    assert service["spec"]["ports"] == [{"name": "http", "port": port, "targetPort": "http", "protocol": "TCP"}]
+    pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert selects({"matchLabels": service["spec"]["selector"]}, pod_labels)
+    assert selects(deployment["spec"]["selector"], pod_labels)
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
+    assert container["resources"]["requests"]["cpu"], "the autoscaler's utilisation is relative to the CPU request"
+    if values is None:
+        assert settings.serve.port == 8080 and service["spec"]["type"] == "ClusterIP"
+        assert hpa["apiVersion"] == "autoscaling/v2"
+        target = {"apiVersion": "apps/v1", "kind": "Deployment", "name": deployment["metadata"]["name"]}
+        assert hpa["spec"]["scaleTargetRef"] == target
+        assert 1 <= hpa["spec"]["minReplicas"] <= hpa["spec"]["maxReplicas"]
+        (metric,) = hpa["spec"]["metrics"]
+        assert metric["resource"]["name"] == "cpu" and metric["resource"]["target"]["type"] == "Utilization"
+        assert "replicas" not in deployment["spec"], "with the autoscaler, a helm upgrade must not reset the replicas"
+        assert container["lifecycle"]["preStop"]["exec"]["command"][0] == "sleep"
+    else:
+        assert hpa is None and deployment["spec"]["replicas"] == 3
+        assert settings.serve.port == 8443 and settings.serve.domain == "llm_routing"
+        assert "lifecycle" not in container
+
+
+@pytest.mark.parametrize("values", [None, NON_DEFAULT_VALUES], ids=["default", "non-default"])
+def test_chart_serve_mounts_keys_trusted_root_and_scratch_volumes(tmp_path, values):
+    docs = helm_template(tmp_path, values)
+    settings = load_settings(rendered_config(tmp_path, docs), env={})
+    deployment, _, _ = serve_objects(docs)
+    pod = deployment["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    env = {e["name"]: e for e in container["env"]}
+    assert mounts[env["BANDITSTREAM_CONFIG"]["value"]]["name"] == "config"
+    # the subscription keys: the Secret's files at serve.key_dir, the whole directory (a rotation reaches the pod)
+    keys = mounts[settings.serve.key_dir]
+    assert keys["readOnly"] and "subPath" not in keys
+    secret = (values or {}).get("serve", {}).get("keys", {}).get("existingSecret", "banditstream-serve-keys")
+    assert volumes[keys["name"]]["secret"]["secretName"] == secret
+    assert "items" not in volumes[keys["name"]]["secret"], "every entry of the Secret is a key"
+    # the snapshots' trusted root, and nothing else of the signing keys
+    root = mounts[str(settings.trusted_root_path.parent)]
+    trusted = volumes[root["name"]]["secret"]
+    name = settings.trusted_root_path.name
+    assert root["readOnly"] and trusted["items"] == [{"key": name, "path": name}]
+    assert trusted["secretName"] == (values or {}).get("signing", {}).get("existingSecret", "banditstream-signing-keys")
+    # stateless: what it writes goes to emptyDirs, the root filesystem is read-only
+    for path in (settings.stores.state_dir, settings.sdk.cache_dir, "/tmp"):
+        assert "emptyDir" in volumes[mounts[path]["name"]], path
+    assert "volumeClaimTemplates" not in deployment["spec"]
+    assert container["securityContext"]["readOnlyRootFilesystem"] and pod["securityContext"]["runAsNonRoot"]
+    # S3 credentials as the publisher's, when a Secret holds them
+    if values:
+        assert env["AWS_ACCESS_KEY_ID"]["valueFrom"]["secretKeyRef"]["name"] == values["s3"]["existingSecret"]
+        assert env["BANDITSTREAM_JOIN_LOGLEVEL"]["value"] == "INFO"
+        assert container["envFrom"] == values["extraEnvFrom"]
+    else:
+        assert "AWS_ACCESS_KEY_ID" not in env
+
+
+def test_chart_without_serve(tmp_path):
+    docs = helm_template(tmp_path, {"serve": {"enabled": False}, "metrics": {"serviceMonitor": {"enabled": True}}})
+    components = {d["metadata"]["labels"].get("app.kubernetes.io/component") for d in docs}
+    assert SERVE not in components and "HorizontalPodAutoscaler" not in {d["kind"] for d in docs}
+    settings = load_settings(rendered_config(tmp_path, docs), env={})
+    assert settings.serve.key_dir is None and settings.serve.host == "127.0.0.1"
+    run(tool("helm"), "lint", str(CHART), "--strict", "--set", "serve.enabled=false")
+
+
+@pytest.mark.parametrize(
+    "values, message",
+    [
+        ({"config": {"serve": {"keys": {"web": "s3cret"}}}}, "config.serve.keys"),
+        ({"config": {"serve": {"allow_model_reset": True}}}, "allow_model_reset"),
+        ({"serve": {"autoscaling": {"minReplicas": 5, "maxReplicas": 2}}}, "minReplicas"),
+        ({"serve": {"resources": {"requests": {"cpu": None}}}}, "requests.cpu"),  # null deletes a default
+    ],
+    ids=["keys-in-configmap", "model-reset", "min-over-max", "no-cpu-request"],
+)
+def test_chart_refuses_a_serve_it_cannot_run(tmp_path, values, message):
+    values_file = tmp_path / "values.yaml"
+    values_file.write_text(yaml.safe_dump(values))
+    done = subprocess.run(
+        [tool("helm"), "template", "r", str(CHART), "-f", str(values_file)], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode != 0 and message in done.stderr, done.stderr

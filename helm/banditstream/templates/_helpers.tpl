@@ -56,16 +56,22 @@ app.kubernetes.io/component: {{ .component }}
 {{- define "banditstream.configPath" -}}/etc/banditstream/banditstream.yaml{{- end }}
 {{- define "banditstream.stateDir" -}}/var/lib/banditstream{{- end }}
 {{- define "banditstream.keysDir" -}}/etc/banditstream/keys{{- end }}
+{{- define "banditstream.cacheDir" -}}/var/cache/banditstream{{- end }}
+{{- define "banditstream.serveKeysDir" -}}/etc/banditstream/serve-keys{{- end }}
 
 {{/*
 The banditstream config: the user's tree with the fields the chart owns (paths of its mounts,
-the metrics address its probes, containerPort and Services use) overwritten.
+the metrics and serve addresses its probes, containerPorts and Services use) overwritten.
 */}}
 {{- define "banditstream.config" -}}
 {{- $owned := dict
   "stores" (dict "state_dir" (include "banditstream.stateDir" .))
+  "sdk" (dict "cache_dir" (include "banditstream.cacheDir" .))
   "publish" (dict "keys_dir" (include "banditstream.keysDir" .))
   "metrics" (dict "port" (int .Values.metrics.port) "host" "0.0.0.0") }}
+{{- if .Values.serve.enabled }}
+{{- $_ := set $owned "serve" (dict "host" "0.0.0.0" "port" (int .Values.serve.port) "key_dir" (include "banditstream.serveKeysDir" .)) }}
+{{- end }}
 {{- $config := mustMergeOverwrite (deepCopy .Values.config) $owned }}
 {{- toYaml $config }}
 {{- end }}
@@ -204,5 +210,22 @@ annotations:
 {{- with .Values.config.learn }}{{ with .flush_timeout_s }}{{ $flush = . }}{{ end }}{{ end }}
 {{- if lt (float64 .Values.learn.terminationGracePeriodSeconds) (addf $flush 15) }}
 {{- fail (printf "learn.terminationGracePeriodSeconds (%v) must be at least config.learn.flush_timeout_s + 15 (%v): the learner flushes its producer for up to flush_timeout_s on SIGTERM" .Values.learn.terminationGracePeriodSeconds (addf $flush 15)) }}
+{{- end }}
+{{- end }}
+
+{{/* What the serve pods cannot do: keys in the ConfigMap, or a model reset without the publish keys. */}}
+{{- define "banditstream.checkServe" -}}
+{{- $serve := (.Values.config.serve | default dict) }}
+{{- if $serve.keys }}
+{{- fail "config.serve.keys: subscription keys are secrets and the config is a ConfigMap; put them in the Secret named by serve.keys.existingSecret (one file per key)" }}
+{{- end }}
+{{- if and .Values.serve.enabled $serve.allow_model_reset }}
+{{- fail "config.serve.allow_model_reset: the serve pods mount only root.json of the signing keys, not the private keys a model reset signs with" }}
+{{- end }}
+{{- if and .Values.serve.enabled .Values.serve.autoscaling.enabled }}
+{{- if gt (int .Values.serve.autoscaling.minReplicas) (int .Values.serve.autoscaling.maxReplicas) }}
+{{- fail (printf "serve.autoscaling.minReplicas (%v) is more than maxReplicas (%v)" .Values.serve.autoscaling.minReplicas .Values.serve.autoscaling.maxReplicas) }}
+{{- end }}
+{{- $_ := required "serve.resources.requests.cpu: the HorizontalPodAutoscaler's CPU utilisation is relative to it" (.Values.serve.resources.requests | default dict).cpu }}
 {{- end }}
 {{- end }}
