@@ -384,6 +384,16 @@ class Decider:
         return self._active
 
     @property
+    def canary_policy(self) -> ActivePolicy | None:
+        """The canary snapshot held; None without one."""
+        return self._canary
+
+    @property
+    def shadow_policy(self) -> ActivePolicy | None:
+        """The shadow snapshot held; None without one."""
+        return self._shadow
+
+    @property
     def canary_version(self) -> str:
         """The canary snapshot's version; empty without one."""
         canary = self._canary

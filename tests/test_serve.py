@@ -258,3 +258,63 @@ def test_stats_rank_the_arms_from_the_updates_topic_as_the_cli_does(served, kafk
         got, _, error = S.call("GET", f"{served.url}/v1/stats?{query}")
         assert got == 400 and error["error"]["message"].startswith(f"{field}:"), error
     assert S.call("GET", f"{served.url}/v1/stats", key=None)[0] == 401
+
+
+def test_the_dashboard_draws_its_charts_in_chromium_with_the_numbers_of_v1_stats(served, kafka, topics, tmp_path):
+    """The page at / in a real headless Chromium: no console errors, every chart drawn with
+    its marks, and the leaderboard's numbers those of GET /v1/stats for the same window."""
+    import random
+    import time
+    import urllib.parse
+
+    from banditstream.serve import DASHBOARD_COOKIE
+    from streams.serde import AvroSerde
+    from tests.browser import Browser
+    from tests.learn_helpers import make_updates, produce
+
+    now = int(time.time() * 1000)
+    rng = random.Random(13)
+    cost = {"sports": 3.0, "news": 1.0, "entertainment": 0.5}
+    rows = []
+    for i, template in enumerate(make_updates(400, seed=13, modes=False)):
+        k = i % 3
+        arm = S.ARMS[k]
+        quality = float(rng.random() < {"sports": 0.8, "news": 0.5, "entertainment": 0.45}[arm])
+        rows.append({**template, "event_id": f"dash-{i}", "domain": S.DOMAIN, "arm": arm, "arm_index": k,
+                     "actions": list(S.ARMS), "probabilities": [1 / 3] * 3, "probability": 1 / 3,
+                     "features": [1.0] + [rng.gauss(0, 1) for _ in range(15)], "feature_hash": "",
+                     "reward": quality - 0.1 * cost[arm], "signals": {"cost": cost[arm], "quality": quality},
+                     "decision_time": now - 5_400_000 + 1000 * i})  # fmt: skip
+    serde = AvroSerde("update", framing="single_object")
+    produce(kafka, topics.updates, [(f"default/main/{S.DOMAIN}/{u['arm']}", serde.encode(u)) for u in rows])
+
+    assert S.call("GET", f"{served.url}/", key=None)[0] == 401  # the login form
+    form = urllib.parse.urlencode({"key": "wrong"}).encode()
+    assert S.call("POST", f"{served.url}/dashboard/login", raw=form, key=None)[0] == 401
+
+    browser = Browser()
+    try:
+        browser.get(f"{served.url}/healthz")
+        browser.add_cookie(DASHBOARD_COOKIE, S.KEY)
+        browser.get(f"{served.url}/?window=2h")
+        _, _, stats = S.call("GET", f"{served.url}/v1/stats?window=2h")  # the same cached window
+        errors = [entry for entry in browser.console() if entry["level"] == "SEVERE"]
+        assert not errors, errors
+        drawn = browser.run("""return [...document.querySelectorAll('svg.chart')].map(svg => ({
+            kind: svg.dataset.chart, marks: svg.querySelectorAll('.mark').length,
+            width: svg.getBoundingClientRect().width, front: svg.querySelectorAll('.front').length}));""")
+        kinds = {chart["kind"]: chart for chart in drawn}
+        assert set(kinds) == {"lines", "bars", "intervals", "scatter"}, drawn
+        assert all(chart["width"] > 100 for chart in drawn)
+        assert kinds["bars"]["marks"] == kinds["scatter"]["marks"] == len(stats["arms"]) == 3
+        assert kinds["lines"]["marks"] >= 4 and kinds["intervals"]["marks"] == 2 + 3  # logging, uniform, always:*
+        assert kinds["scatter"]["front"] == 1
+        table = browser.run("""return [...document.querySelectorAll('#leaderboard tr[data-arm]')].map(tr =>
+            [tr.dataset.arm, ...[...tr.cells].map(td => td.dataset.value === undefined ? null : Number(td.dataset.value))]);""")
+        assert [(row[0], row[3], row[4], row[6], row[9]) for row in table] == [
+            (a["arm"], a["decisions"], a["share"], a["mean_reward"], a["posterior_mean"]) for a in stats["arms"]]
+        assert browser.run("return Number(document.getElementById('meta').dataset.decisions)") == stats["decisions"]
+        shot = browser.screenshot(tmp_path / "dashboard.png")
+        assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 10_000
+    finally:
+        browser.close()
