@@ -114,3 +114,10 @@ def test_a_time_range_keeps_exactly_the_updates_decided_in_it_whatever_the_seek_
     kept, report = read_updates(kafka, topic, serde, log_range=LogRange(since_ms=now - 3_600_000))
     assert sorted(u["event_id"] for u in kept) == sorted(u["event_id"] for u in new)
     assert report.records - report.out_of_range == len(new) and report.out_of_range in (0, len(old))
+
+
+def test_a_row_whose_arm_index_is_outside_its_actions_is_refused_by_event_id():
+    rng = random.Random(5)
+    rows = [update(0, rng), {**update(1, rng), "arm_index": 7}]
+    with pytest.raises(ValueError, match="'e-000001' logs arm_index 7"):
+        LoggedBandit.from_updates(rows)

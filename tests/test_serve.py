@@ -230,6 +230,7 @@ def test_stats_rank_the_arms_from_the_updates_topic_as_the_cli_does(served, kafk
         arm = S.ARMS[i % 3]
         recent = i < 500  # the rest was decided two hours ago: outside the window
         rows.append({**template, "event_id": f"stats-{i}", "domain": S.DOMAIN, "arm": arm, "arm_index": i % 3,
+                     "actions": list(S.ARMS), "probabilities": [1 / 3] * 3, "probability": 1 / 3,
                      "features": [1.0] + [rng.gauss(0, 1) for _ in range(15)], "feature_hash": "",
                      "reward": float(rng.random() < {"sports": 0.6, "news": 0.3, "entertainment": 0.1}[arm]),
                      "decision_time": now - (1000 * i if recent else 7_200_000 + i)})  # fmt: skip

@@ -149,6 +149,11 @@ class LoggedBandit:
         action = np.empty(n, dtype=np.int64)
         for i, update in enumerate(ordered):
             columns = [index[a] for a in update["actions"]]
+            if not 0 <= update["arm_index"] < len(columns) or len(update["probabilities"]) != len(columns):
+                raise ValueError(
+                    f"event {update['event_id']!r} logs arm_index {update['arm_index']} and "
+                    f"{len(update['probabilities'])} probabilities for {len(columns)} actions"
+                )
             logged[i, columns] = update["probabilities"]
             candidates[i, columns] = True
             action[i] = columns[update["arm_index"]]
