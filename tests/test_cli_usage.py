@@ -58,10 +58,11 @@ def test_console_script_usage_error_is_one_line_and_exit_2(tmp_path, args, names
         (["snapshot", "gate"], ["'--domain'"]),
         (["--config"], ["'--config'"]),
         (["evaluate", "--domain", "d", "--since", "yesterday"], ["--since", "'yesterday'"]),
+        (["stats", "--domain", "d", "--window", "soon"], ["--window", "'soon'"]),
     ],
     ids=[
         "unknown-root-flag", "unknown-subcommand", "negative-int", "int-below-min", "float-above-max", "float-for-int",
-        "bad-choice", "missing-argument", "missing-required-option", "option-without-value", "bad-time",
+        "bad-choice", "missing-argument", "missing-required-option", "option-without-value", "bad-time", "bad-window",
     ],
 )  # fmt: skip
 def test_usage_error_is_one_line_and_exit_2(capsys, args, names):
