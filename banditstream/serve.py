@@ -14,9 +14,12 @@ Both forms of the API the clients use are answered:
 
 * v1.0: ``/personalizer/v1.0/rank``, ``.../events/{eventId}/reward``, ``.../activate``,
   ``.../configurations/service``, ``.../configurations/policy``, ``.../model``,
-  ``.../model/properties``, ``.../logs``, ``.../logs/properties``;
-* 2022-09-01-preview: the same under ``/personalizer/...?api-version=2022-09-01-preview``,
-  plus ``multislot/rank``, ``multislot/events/{eventId}/reward`` and ``.../activate``;
+  ``.../model/properties``, ``.../logs``, ``.../logs/properties``, ``.../evaluations`` and
+  ``.../evaluations/{evaluationId}`` (offline evaluations: :mod:`banditstream.serve_evaluations`);
+* 2022-09-01-preview: the same under ``/personalizer/...?api-version=2022-09-01-preview``
+  (an evaluation is created with PUT ``evaluations/{evaluationId}``), plus ``multislot/rank``,
+  ``multislot/events/{eventId}/reward``, ``.../activate`` and
+  ``configurations/applyFromEvaluation``;
 
 and ``/healthz``, ``/readyz``, ``/metrics`` (Prometheus) and ``/openapi.json`` (the
 operations served, from the public API definition; ``?api-version=`` picks the version).
@@ -45,6 +48,7 @@ import math
 import os
 import threading
 import time
+import uuid
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -59,6 +63,7 @@ from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Re
 from starlette.routing import Route
 
 from banditstream import serve_api as api
+from banditstream import serve_evaluations as evals
 from banditstream.config import ConfigError, Settings
 from banditstream.serve_api import PREVIEW, V1, ApiError
 from banditstream.serve_domains import DomainLoop, Ranked, Where
@@ -240,11 +245,14 @@ class ServeApp:
             ("/multislot/rank", "multislot_rank", ["POST"], self.multislot_rank, (PREVIEW,)),
             ("/multislot/events/{eventId}/reward", "multislot_reward", ["POST"], self.multislot_reward, (PREVIEW,)),
             ("/multislot/events/{eventId}/activate", "multislot_activate", ["POST"], self.multislot_activate, (PREVIEW,)),
-            ("/evaluations", "evaluations", ["GET", "POST"], self.not_served, (V1, PREVIEW)),
-            ("/evaluations/{evaluationId}", "evaluation", ["GET", "PUT", "DELETE"], self.not_served, (V1, PREVIEW)),
+            # v1.0 creates an evaluation with POST /evaluations, the preview with PUT /evaluations/{evaluationId}
+            ("/evaluations", "evaluations", ["GET", "POST"], self.evaluations, (V1,)),
+            ("/evaluations", "evaluations", ["GET"], self.evaluations, (PREVIEW,)),
+            ("/evaluations/{evaluationId}", "evaluation", ["GET", "DELETE"], self.evaluation, (V1,)),
+            ("/evaluations/{evaluationId}", "evaluation", ["GET", "PUT", "DELETE"], self.evaluation, (PREVIEW,)),
+            ("/configurations/applyFromEvaluation", "apply_from_evaluation", ["POST"], self.apply_from_evaluation, (PREVIEW,)),
             ("/featureImportances", "feature_importances", ["GET"], self.not_served, (PREVIEW,)),
             ("/featureImportances/{featureImportanceId}", "feature_importance", ["GET", "PUT", "DELETE"], self.not_served, (PREVIEW,)),
-            ("/configurations/applyFromEvaluation", "apply_from_evaluation", ["POST"], self.not_served, (PREVIEW,)),
         ]
         for path, name, methods, handler, versions in ops:
             if V1 in versions:
@@ -591,8 +599,87 @@ class ServeApp:
         return body
 
     async def not_served(self, request: Request, loop: DomainLoop, version: str) -> Response:
-        raise ApiError(f"path: {request.url.path} (evaluations, feature importances) is not served yet; "
-                       "run `banditstream evaluate` on the logged decisions", "not_implemented", field="path")  # fmt: skip
+        raise ApiError(f"path: {request.url.path} (feature importances) is not served; an evaluation rates policies, "
+                       "not features", "not_implemented", field="path")  # fmt: skip
+
+    # -- evaluations ----------------------------------------------------------------------
+
+    async def evaluations(self, request: Request, loop: DomainLoop, version: str) -> Response:
+        """v1.0: POST creates an evaluation (run before the answer, id chosen here), GET lists
+        them; preview: GET lists them (EvaluationDetails, ``top``/``skip``/``maxpagesize``)."""
+        if request.method == "POST":
+            contract = api.parse_evaluation(await self._body(request), loop.domain_settings)
+            evaluation_id = str(uuid.uuid4())
+            item = await asyncio.get_running_loop().run_in_executor(None, self._evaluate, loop, evaluation_id, contract)
+            response = _json(evals.v1_body(item), 201)
+            response.headers["Location"] = str(request.url_for("v1_evaluation", evaluationId=evaluation_id))
+            return response
+        items = loop.evaluations.list()
+        if version == V1:
+            return _json([evals.v1_body(item) for item in items], 200)
+        query = request.query_params
+        skip = _query_int(query, "skip", 0, 0)
+        top = _query_int(query, "top", len(items), 0)
+        page = _query_int(query, "maxpagesize", 100, 1)
+        chosen = items[skip : skip + min(top, page)]
+        body: dict[str, Any] = {"value": [evals.preview_details(item) for item in chosen]}
+        left = min(top, len(items) - skip) - len(chosen)
+        if left > 0:
+            body["nextLink"] = str(request.url.include_query_params(skip=skip + len(chosen), top=left, maxpagesize=page))
+        return _json(body, 200)
+
+    async def evaluation(self, request: Request, loop: DomainLoop, version: str) -> Response:
+        """GET (preview: with the time series' ``startTime``, ``endTime``, ``intervalInMinutes``
+        and ``window``), DELETE, and the preview's PUT: create it under this id."""
+        evaluation_id = api.check_event_id(request.path_params["evaluationId"], "InvalidEvaluationContract", "evaluationId")
+        if request.method == "PUT":
+            contract = api.parse_evaluation(await self._body(request), loop.domain_settings)
+            loop.evaluations.reserve(evaluation_id)
+            try:
+                await asyncio.get_running_loop().run_in_executor(None, self._evaluate, loop, evaluation_id, contract)
+            finally:
+                loop.evaluations.release(evaluation_id)
+            return Response(status_code=200)
+        if request.method == "DELETE":
+            loop.evaluations.delete(evaluation_id)
+            return Response(status_code=204)
+        item = loop.evaluations.get(evaluation_id)
+        if version == V1:
+            return _json(evals.v1_body(item), 200)
+        query = request.query_params
+        since_ms = api.parse_time(query["startTime"], "startTime") if "startTime" in query else None
+        until_ms = api.parse_time(query["endTime"], "endTime") if "endTime" in query else None
+        interval = _query_int(query, "intervalInMinutes", 5, 1)
+        if interval not in evals.INTERVALS:
+            raise api.bad("intervalInMinutes", f"is {interval}; use one of {', '.join(map(str, evals.INTERVALS))}")
+        window = query.get("window", "Expanding")
+        if window not in ("Expanding", "Rolling"):
+            raise api.bad("window", f"{window!r} is unknown; use Expanding or Rolling")
+        return _json(evals.preview_body(item, since_ms, until_ms, interval, window), 200)
+
+    def _evaluate(self, loop: DomainLoop, evaluation_id: str, contract: api.EvaluationContract) -> evals.StoredEvaluation:
+        updates = loop.read_log(contract.since_ms, contract.until_ms)
+        w = loop.where
+        item = evals.run_evaluation(evaluation_id, contract, updates, (w.tenant, w.workspace, w.domain))
+        loop.evaluations.add(item)
+        log.info("%s: evaluation %s %s on %s decisions", w, evaluation_id, item.status, item.rows)
+        return item
+
+    async def apply_from_evaluation(self, request: Request, loop: DomainLoop, version: str) -> Response:
+        """The evaluated policy ``policyName`` names (the best of that name) becomes the
+        domain's policy, as a policy PUT would make it; ``online`` keeps the policy as it is."""
+        reference = api.parse_policy_reference(await self._body(request))
+        item = loop.evaluations.get(reference.evaluation_id)
+        chosen = evals.best_custom(item, reference.policy_name)
+        if chosen.source == "Custom":
+            try:
+                settings = api.update_policy(loop.domain_settings, {"name": chosen.name, "arguments": chosen.arguments})
+            except ApiError as exc:  # e.g. a per-arm policy for a domain whose features are shared
+                raise api.bad("policyName", f"{chosen.name} {chosen.arguments}: {exc.message}", "InvalidPolicyConfiguration") from None
+            await asyncio.get_running_loop().run_in_executor(None, loop.configure, settings)
+        elif chosen.source != "Online":
+            raise api.bad("policyName", f"{chosen.name!r} is a reference policy, not learning settings to apply", "InvalidContract")
+        return Response(status_code=204)
 
     # -- operations -----------------------------------------------------------------------
 
@@ -613,6 +700,19 @@ class ServeApp:
         if version not in self._specs:
             return _error(api.bad("api-version", f"{version!r} is not served; use one of {', '.join(api.API_VERSIONS)}"), V1)
         return _json(self._specs[version], 200)
+
+
+def _query_int(query, name: str, default: int, minimum: int) -> int:
+    text = query.get(name)
+    if text is None:
+        return default
+    try:
+        value = int(text)
+    except ValueError:
+        raise api.bad(name, f"{text!r} is not an integer") from None
+    if value < minimum:
+        raise api.bad(name, f"is {value}; it must be {minimum} or more")
+    return value
 
 
 def _check_api_version(request: Request) -> None:

@@ -29,7 +29,8 @@ logRetentionDays       kept and reported (the topics' retention governs the logs
 
 **Policy configuration** (``name``, ``arguments``) is the domain's policy and its
 hyper-parameters, the arguments written as flags: ``{"name": "lin_ucb", "arguments":
-"--alpha 0.5 --eps0 0.05"}``.
+"--alpha 0.5 --eps0 0.05"}``. An evaluation's ``policies`` are read the same way
+(:func:`parse_evaluation`; the evaluation itself: :mod:`banditstream.serve_evaluations`).
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from pydantic import ValidationError as PydanticValidationError
@@ -73,7 +74,7 @@ class ApiError(Exception):
     """
 
     STATUS = {"bad_request": 400, "unauthorized": 401, "forbidden": 403, "not_found": 404, "method": 405,
-              "too_large": 413, "internal": 500, "not_implemented": 501, "unavailable": 503}  # fmt: skip
+              "conflict": 409, "too_large": 413, "internal": 500, "not_implemented": 501, "unavailable": 503}  # fmt: skip
 
     def __init__(self, message: str, kind: str = "bad_request", *, code: str | None = None, field: str | None = None):
         super().__init__(message)
@@ -94,10 +95,15 @@ def bad(field: str, message: str, code: str | None = None) -> ApiError:
 
 _V1_CODES = {"bad_request": "BadRequest", "too_large": "BadRequest", "not_found": "ResourceNotFound",
              "internal": "InternalServerError", "unavailable": "InternalServerError", "unauthorized": "Unauthorized",
-             "forbidden": "BadRequest", "method": "BadRequest", "not_implemented": "BadRequest"}  # fmt: skip
+             "forbidden": "BadRequest", "method": "BadRequest", "not_implemented": "BadRequest",
+             "conflict": "BadRequest"}  # fmt: skip
 _PREVIEW_CODES = {"bad_request": "BadRequest", "too_large": "PayloadSizeExceeded", "not_found": "ResourceNotFound",
                   "internal": "InternalServerError", "unavailable": "InternalServerError", "unauthorized": "Unauthorized",
-                  "forbidden": "OperationNotAllowed", "method": "BadRequest", "not_implemented": "InvalidApiAccess"}  # fmt: skip
+                  "forbidden": "OperationNotAllowed", "method": "BadRequest", "not_implemented": "InvalidApiAccess",
+                  "conflict": "InvalidRequest"}  # fmt: skip
+#: codes of the preview's that name a missing or existing resource more precisely than the kind's
+_PREVIEW_RESOURCE_CODES = {"not_found": ("EvaluationNotFound", "LearningSettingsNotFound"),
+                           "conflict": ("EvaluationAlreadyExists",)}  # fmt: skip
 
 
 def error_body(error: ApiError, api_version: str | None) -> tuple[int, dict[str, Any]]:
@@ -105,7 +111,8 @@ def error_body(error: ApiError, api_version: str | None) -> tuple[int, dict[str,
     InternalServerError); 2022-09-01-preview many more (InvalidRankRequest, ...). Neither
     lists one for a refused key: ``Unauthorized`` is used (the hosted gateway said ``401``)."""
     if api_version == PREVIEW:
-        code = error.code if error.code and error.kind == "bad_request" else _PREVIEW_CODES[error.kind]
+        own = error.code and (error.kind == "bad_request" or error.code in _PREVIEW_RESOURCE_CODES.get(error.kind, ()))
+        code = error.code if own else _PREVIEW_CODES[error.kind]
     else:
         code = _V1_CODES[error.kind]
     body: dict[str, Any] = {"code": code, "message": error.message}
@@ -408,10 +415,10 @@ def parse_multislot_reward(body: Any) -> list[tuple[str, float]]:
         raise
 
 
-def check_event_id(event_id: str, code: str) -> str:
-    """A path's event id: non-empty, at most 256 characters (the API's maxLength)."""
+def check_event_id(event_id: str, code: str, field: str = "eventId") -> str:
+    """A path's event id (or another id, ``field``): non-empty, at most 256 characters (the API's maxLength)."""
     try:
-        return _string(event_id, "eventId")
+        return _string(event_id, field)
     except ApiError as exc:
         exc.code = code
         raise
@@ -647,3 +654,135 @@ def update_policy(settings: DomainSettings, body: Any) -> DomainSettings:
     tree["policy"], tree["params"] = name, params
     field = "name" if POLICIES[name].shared != settings.features.shared else "arguments"
     return _validated(tree, {("policy",): "name", ("params",): "arguments", (): field}, code)
+
+
+# -- evaluations ----------------------------------------------------------------------------
+
+#: at most this many policies in one evaluation (each is trained progressively on the window)
+MAX_EVALUATION_POLICIES = 20
+
+
+def parse_time(value: Any, field: str, code: str | None = None) -> int:
+    """An ISO 8601 date-time (``2024-05-01T00:00:00Z``, an offset, or none: UTC) as epoch ms."""
+    if not isinstance(value, str):
+        raise bad(field, f"expected an ISO 8601 date-time such as '2024-05-01T00:00:00Z', got {_type_name(value)}", code)
+    text = value.strip()
+    try:
+        moment = datetime.fromisoformat(text[:-1] + "+00:00" if text[-1:] in ("Z", "z") else text)
+    except ValueError:
+        raise bad(field, f"{value!r} is not an ISO 8601 date-time such as '2024-05-01T00:00:00Z'", code) from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=timezone.utc)
+    return (moment - datetime(1970, 1, 1, tzinfo=timezone.utc)) // timedelta(milliseconds=1)
+
+
+def iso_time_ms(epoch_ms: int) -> str:
+    return iso_time(epoch_ms / 1000)
+
+
+@dataclass(frozen=True)
+class EvaluatedPolicy:
+    """One of an evaluation's ``policies``: a banditstream policy and its hyper-parameters, as
+    the policy configuration takes them."""
+
+    name: str
+    arguments: str
+    #: the hyper-parameters (the domain's exploration floor ``eps0`` unless the arguments set it), ``seed`` apart
+    params: dict[str, Any]
+    seed: int
+
+
+@dataclass(frozen=True)
+class EvaluationContract:
+    name: str
+    since_ms: int
+    until_ms: int
+    policies: tuple[EvaluatedPolicy, ...]
+    #: enableOfflineExperimentation (v1.0) / enablePolicyOptimization (preview): asked for, not done here
+    optimize: bool
+
+
+def parse_evaluation(body: Any, settings: DomainSettings) -> EvaluationContract:
+    """An EvaluationContract body: ``name``, ``startTime`` < ``endTime`` and ``policies``, each a
+    PolicyContract whose ``name`` is a banditstream policy that scores per arm (the joined log
+    keeps only the acted row's features) and whose ``arguments`` are its hyper-parameters as
+    flags. Raises :class:`ApiError` naming the first bad field."""
+    code = "InvalidEvaluationContract"
+    try:
+        body = _object(body, "body")
+        name = _string(body.get("name"), "name")
+        for field in ("startTime", "endTime"):
+            if body.get(field) is None:
+                raise bad(field, "required: an ISO 8601 date-time such as '2024-05-01T00:00:00Z'")
+        since_ms, until_ms = parse_time(body["startTime"], "startTime"), parse_time(body["endTime"], "endTime")
+        if until_ms <= since_ms:
+            raise bad("endTime", f"{body['endTime']!r} is not after startTime {body['startTime']!r}")
+        optimize = _boolean(body.get("enableOfflineExperimentation"), "enableOfflineExperimentation")
+        optimize = _boolean(body.get("enablePolicyOptimization"), "enablePolicyOptimization", optimize)
+        if body.get("policies") is None:
+            raise bad("policies", "required: the policies to evaluate, [] for none beyond the online one")
+        raw = _array(body["policies"], "policies", optional=False)
+        if len(raw) > MAX_EVALUATION_POLICIES:
+            raise bad("policies", f"holds {len(raw)} policies; at most {MAX_EVALUATION_POLICIES} are evaluated at once")
+        policies: list[EvaluatedPolicy] = []
+        seen: dict[str, int] = {}
+        for i, item in enumerate(raw):
+            policy = _evaluated_policy(_object(item, f"policies[{i}]"), f"policies[{i}]", settings)
+            key = json.dumps([policy.name, policy.params, policy.seed], sort_keys=True, default=str)
+            if key in seen:
+                raise bad(f"policies[{i}]", f"evaluates the same policy and arguments as policies[{seen[key]}]",
+                          "DuplicateCustomPolicyNames")  # fmt: skip
+            seen[key] = i
+            policies.append(policy)
+    except ApiError as exc:
+        exc.code = exc.code or code
+        raise
+    return EvaluationContract(name, since_ms, until_ms, tuple(policies), optimize)
+
+
+def _evaluated_policy(item: dict[str, Any], field: str, settings: DomainSettings) -> EvaluatedPolicy:
+    from learner.policies import POLICIES, make_policy
+
+    name = _string(item.get("name"), f"{field}.name")
+    if name not in POLICIES:
+        raise bad(f"{field}.name", f"unknown policy {name!r}; known: {', '.join(sorted(POLICIES))}")
+    if POLICIES[name].shared:
+        per_arm = ", ".join(sorted(k for k, v in POLICIES.items() if not v.shared))
+        raise bad(f"{field}.name", f"{name!r} is a shared model: it scores every candidate's own features, and the joined "
+                  f"log keeps only the acted one's; evaluate a per-arm policy ({per_arm})")  # fmt: skip
+    arguments = item.get("arguments")
+    arguments = "" if arguments is None else arguments
+    if not isinstance(arguments, str):
+        raise bad(f"{field}.arguments", f"expected a string of --name value flags, got {_type_name(arguments)}")
+    if len(arguments) > 1024:
+        raise bad(f"{field}.arguments", f"is {len(arguments)} characters; at most 1024 are allowed")
+    try:
+        params = parse_arguments(arguments)
+    except ApiError as exc:
+        raise bad(f"{field}.arguments", exc.message.removeprefix("arguments: ")) from None
+    if "eps0" not in params and "eps0" in settings.params:
+        params["eps0"] = settings.params["eps0"]
+    seed = params.pop("seed", 0)
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise bad(f"{field}.arguments", f"--seed {seed!r} is not an integer")
+    try:
+        make_policy(name, dim=1, seed=seed, **params)  # a bad hyper-parameter fails here, by name
+    except (TypeError, ValueError) as exc:
+        raise bad(f"{field}.arguments", str(exc)) from None
+    return EvaluatedPolicy(name, arguments, params, seed)
+
+
+@dataclass(frozen=True)
+class PolicyReference:
+    evaluation_id: str
+    policy_name: str
+
+
+def parse_policy_reference(body: Any) -> PolicyReference:
+    """A PolicyReferenceContract body (configurations/applyFromEvaluation)."""
+    try:
+        body = _object(body, "body")
+        return PolicyReference(_string(body.get("evaluationId"), "evaluationId"), _string(body.get("policyName"), "policyName"))
+    except ApiError as exc:
+        exc.code = exc.code or "InvalidContract"
+        raise

@@ -4,7 +4,8 @@ settings with the Personalizer configuration applied, and the event ids it ranke
 
 Configuration changed through the API (service configuration, policy) is kept in memory
 and written to ``<stores.state_dir>/serve/<tenant>/<workspace>/<domain>.json``, read back at
-start. That file is this process's; several replicas do not share it (a shared
+start; the domain's offline evaluations beside it, in ``<domain>.evaluations/``
+(:mod:`banditstream.serve_evaluations`). That file is this process's; several replicas do not share it (a shared
 configuration store is not built yet). Its ``domain`` entry has the form of the config
 tree's ``domains.<name>`` section, so it can be copied there for the workers.
 
@@ -33,6 +34,7 @@ from typing import Any
 from banditstream.config import Settings
 from banditstream.decider import Decider
 from banditstream.serve_api import ACTIVATION_REWARD_ID, ServiceExtras
+from banditstream.serve_evaluations import EvaluationStore
 from learner.domain import DomainSettings
 
 log = logging.getLogger(__name__)
@@ -109,6 +111,8 @@ class DomainLoop:
         self.decider = self._build_decider(seed)
         self._lock = threading.Lock()
         self._stats: dict[tuple[float, float], tuple[float, Any]] = {}
+        #: the domain's offline evaluations (:mod:`banditstream.serve_evaluations`), kept beside its configuration
+        self.evaluations = EvaluationStore(self.path.parent / f"{where.domain}.evaluations")
 
     # -- building -------------------------------------------------------------------------
 
@@ -235,6 +239,17 @@ class DomainLoop:
             self._stats = {k: v for k, v in self._stats.items() if now - v[0] < ttl}
             self._stats[key] = (now, (mine, board))
         return mine, board
+
+    def read_log(self, since_ms: int, until_ms: int) -> list[dict[str, Any]]:
+        """The domain's updates decided in ``[since_ms, until_ms)``, from the updates topic
+        (what an evaluation rates the policies on)."""
+        from streams.evaluation_log import LogRange, read_updates
+
+        topic = self.settings.topics.updates
+        updates, _ = read_updates(self.settings.kafka, topic, self.settings.worker_config().serde("update", topic=topic),
+                                  log_range=LogRange(since_ms=since_ms, until_ms=until_ms), timeout_s=60)
+        w = self.where
+        return [u for u in updates if (u["tenant"], u["workspace"], u["domain"]) == (w.tenant, w.workspace, w.domain)]
 
     # -- snapshots ------------------------------------------------------------------------
 

@@ -4,8 +4,10 @@ session's broker; and the API definition's schemas to check every body against."
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
+import uuid
 import time
 import urllib.error
 import urllib.request
@@ -23,6 +25,8 @@ from learner.domain import DomainSettings
 from publisher.guards import GuardConfig
 from publisher.publish import Publisher, PublisherConfig
 from publisher.stores import DirectoryStore
+from streams.settings import TopicSettings
+from streams.topics import ensure_topics
 from tests import join_helpers as H
 
 KEY = "s3cr3t-key-for-tests"
@@ -60,6 +64,10 @@ class Served:
     settings: Settings
     version: str  # the published snapshot's
 
+    @property
+    def port(self) -> int:
+        return int(self.url.rsplit(":", 1)[1])
+
 
 def serve_settings(kafka, topics, tmp_path: Path, root: bytes, **serve: Any) -> Settings:
     return Settings.model_validate(serve_config(kafka, topics, tmp_path, root, **serve))
@@ -83,6 +91,26 @@ def publish(tmp_path: Path, keys, root: bytes) -> str:
     publisher = Publisher(store, keys, root, domains={DOMAIN: domain_settings()},
                           config=PublisherConfig(guards=GuardConfig(min_samples=1, drift_warmup=0)))  # fmt: skip
     return publisher.publish(DOMAIN, trained_policy()).version
+
+
+def fresh_topics(prefix: str) -> TopicSettings:
+    """Topics of their own for one test module (the session's broker is shared)."""
+    suffix = uuid.uuid4().hex[:8]
+    names = {kind: f"{prefix}-{suffix}.{kind}" for kind in ("decisions", "rewards", "updates", "posterior", "deadletter")}
+    return TopicSettings(**names, partitions=2, update_partitions=2)
+
+
+@contextlib.contextmanager
+def serving(kafka, topics: TopicSettings, tmp_path: Path, keys, root: bytes, *, seed: int):
+    """A published snapshot, and the service deciding from it on ``topics``, until the block ends."""
+    ensure_topics(kafka, topics)
+    version = publish(tmp_path, keys, root)
+    settings = serve_settings(kafka, topics, tmp_path, root)
+    server = ServerThread(ServeApp(settings, seed=seed)).start()
+    try:
+        yield Served(server.url, server.app, settings, version)
+    finally:
+        server.stop()
 
 
 class ServerThread:

@@ -7,7 +7,6 @@ topics. Every response body is checked against the API definition's schema.
 
 from __future__ import annotations
 
-import uuid
 
 import pytest
 from azure.ai.personalizer import PersonalizerAdministrationClient
@@ -18,10 +17,8 @@ from azure.core.credentials import AzureKeyCredential
 from azure.core.exceptions import HttpResponseError
 from msrest.authentication import CognitiveServicesCredentials
 
-from banditstream.serve import ServeApp
 from banditstream.serve_domains import Where
 from streams.settings import TopicSettings
-from streams.topics import ensure_topics
 from tests import join_helpers as H
 from tests import serve_helpers as S
 
@@ -30,22 +27,13 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture(scope="module")
 def topics() -> TopicSettings:
-    suffix = uuid.uuid4().hex[:8]
-    return TopicSettings(decisions=f"s-{suffix}.decisions", rewards=f"s-{suffix}.rewards", updates=f"s-{suffix}.updates",
-                         posterior=f"s-{suffix}.posterior", deadletter=f"s-{suffix}.deadletter", partitions=2, update_partitions=2)
+    return S.fresh_topics("s")
 
 
 @pytest.fixture(scope="module")
 def served(kafka, topics, tmp_path_factory, keys, root):
-    tmp = tmp_path_factory.mktemp("serve")
-    ensure_topics(kafka, topics)
-    version = S.publish(tmp, keys, root)
-    settings = S.serve_settings(kafka, topics, tmp, root)
-    server = S.ServerThread(ServeApp(settings, seed=5)).start()
-    try:
-        yield S.Served(server.url, server.app, settings, version)
-    finally:
-        server.stop()
+    with S.serving(kafka, topics, tmp_path_factory.mktemp("serve"), keys, root, seed=5) as served:
+        yield served
 
 
 @pytest.fixture(scope="module")

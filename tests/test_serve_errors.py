@@ -6,13 +6,9 @@ from __future__ import annotations
 import json
 import socket
 import time
-import uuid
 
 import pytest
 
-from banditstream.serve import ServeApp
-from streams.settings import TopicSettings
-from streams.topics import ensure_topics
 from tests import serve_helpers as S
 
 pytestmark = pytest.mark.integration
@@ -24,18 +20,9 @@ GOOD_RANK = {"contextFeatures": [{"user": {"age": 0.3}}], "actions": ACTIONS}
 
 @pytest.fixture(scope="module")
 def served(kafka, tmp_path_factory, keys, root):
-    tmp = tmp_path_factory.mktemp("serve-errors")
-    suffix = uuid.uuid4().hex[:8]
-    topics = TopicSettings(decisions=f"e-{suffix}.decisions", rewards=f"e-{suffix}.rewards", updates=f"e-{suffix}.updates",
-                           posterior=f"e-{suffix}.posterior", deadletter=f"e-{suffix}.deadletter", partitions=2, update_partitions=2)
-    ensure_topics(kafka, topics)
-    S.publish(tmp, keys, root)
-    server = S.ServerThread(ServeApp(S.serve_settings(kafka, topics, tmp, root), seed=1)).start()
-    time.sleep(0.6)  # longer than the domain's reward wait time: ids it never ranked are surely unknown
-    try:
-        yield server
-    finally:
-        server.stop()
+    with S.serving(kafka, S.fresh_topics("e"), tmp_path_factory.mktemp("serve-errors"), keys, root, seed=1) as served:
+        time.sleep(0.6)  # longer than the domain's reward wait time: ids it never ranked are surely unknown
+        yield served
 
 
 @pytest.fixture(scope="module")
