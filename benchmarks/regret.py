@@ -1,0 +1,673 @@
+"""Regret suite: banditstream's policies as a user gets them, against peers, on eleven environments.
+
+Every learner meets the same seeded streams (``benchmarks/_regret_envs.py``: stationary linear,
+nonlinear, four scikit-learn datasets as bandits with ``digits`` held out, abrupt and gradual
+drift, heavy-tailed noise, 100 arms, arms that appear at T/2) in the same run.
+
+Protocol, per environment, seed and batch size B:
+
+1. The learner decides B consecutive steps with its model frozen (one arm among those available
+   at each step, and the probability it was drawn with), then learns from those B rows
+   (context, arm, realised reward, probability) at once; B = 200 and B = 1 (fully sequential).
+2. Regret is the sum over steps of ``max_k mu_t(k) - mu_t(a_t)``: expected rewards, not the
+   noisy ones. Rewards use common random numbers (the reward an arm would realise at a step is
+   drawn once), so learners differ only by their choices. The figures are the mean over seeds.
+3. No learner is tuned: each runs with its library's defaults, as a user first gets it.
+
+Learners (contexts z are the environment's raw features; each learner gets them the way its
+library expects them):
+
+- **ours**: a domain declared with defaults, ``DomainSettings()``: LinTS (v=1, 64 draws, floor
+  eps0=0.05, ridge prior strength 1) over the default features (z sent as named numeric
+  features ``{"numeric": {"x0": ..}}``, hashed into 64 slots with an intercept, z-scored by the
+  running normaliser). It decides as the SDK does (``encoder.action_matrix``, then
+  ``policy.probabilities``) and learns as the join and learner do (each row encoded with the
+  normaliser as it stands, then observed; one ``update_batch``). This is the headline.
+- **our LinUCB**, **our LinTS**: the policies with default parameters on the dense row (1, z), no
+  hashing or normalising: what the policy alone does, and which of ours is best.
+- **MABWiser** LinUCB and LinTS (defaults: alpha=1, l2_lambda=1) on (1, z), since it fits no
+  intercept of its own; it predicts a whole frozen segment in one call and learns by
+  ``partial_fit``; a new arm joins by ``add_arm``.
+- **Vowpal Wabbit** ``--cb_explore_adf -q sa`` with ``--squarecb``, ``--regcb``, ``--bag 5`` and
+  ``--epsilon 0.05`` (default learning rate), driven as in ``benchmarks/learner.py``: one
+  multi-line text example per row (``shared |s`` with z, one ``|a a<k>`` line per available arm),
+  the choice drawn from VW's pmf with a seeded generator, cost = -reward. VW adds its own
+  constant; ``-q sa`` gives every arm its own weights on z.
+- **contextualbandits** LinUCB and LinTS (defaults; it fits its own intercept), only when
+  ``import contextualbandits`` works: the project's venv does not have it (it builds and runs on
+  this Python: install it next to the venv and put it on ``PYTHONPATH`` to include it, below).
+  Without it the peer is skipped with a note.
+
+The best peer of an environment is the peer with the lowest mean regret; ``ratio`` is ours over
+it (below 1: ours has less regret).
+
+**Cap at B = 1.** MABWiser deep-copies every arm's model on each ``partial_fit``, and
+contextualbandits is nearly as slow per call: measured here, MABWiser costs 0.5-0.65 ms a step at
+10 arms and 5-6.5 ms at 100 (contextualbandits 0.35-0.45 ms at 10), so at B = 1, T = 20,000 and
+three seeds MABWiser alone would take over 20 minutes. At B = 1 these peers run only the first
+``--b1-cap`` steps (5,000; 0 runs all T): their cells are marked ``*``, they are left out of the best
+peer over T, and a second table compares every learner over those first steps (``at_cap`` in the
+JSON). At B = 200 they run all T (a whole segment is one ``predict``, a batch one ``partial_fit``).
+VW decides and learns one row at a time at any B, so it costs the same at B = 1 and is not
+capped (0.1 ms a step at 10 arms, 0.5-0.65 ms at 100).
+
+A full run (T = 20,000, seeds 0-2, B = 200 and 1) takes about 20-25 minutes on 2 cores, a third
+of it VW (four explorers, one text example per row), a quarter the capped peers; ``--quick``
+(T = 2,000, seed 0, nothing capped) about 80 s. BLAS is limited to one thread: every product here
+is small, and threads only fight each other on a shared machine.
+
+Run from the repository root::
+
+    .venv/bin/python benchmarks/regret.py --quick
+    .venv/bin/python benchmarks/regret.py                      # T=20,000, seeds 0,1,2, B=200 and 1
+    .venv/bin/python benchmarks/regret.py --envs linear,digits --peers vw --batch-sizes 200
+    # with contextualbandits, installed outside the venv:
+    .venv/bin/pip install --target /tmp/cb --no-deps contextualbandits
+    PYTHONPATH=/tmp/cb .venv/bin/python benchmarks/regret.py --quick
+
+Progress goes to stderr; a table per batch size to stdout, the cumulative-regret curves (B = 200,
+mean over seeds, one panel per environment) to ``OUT/regret-curves.png``, and the last line of
+stdout is one JSON object: ``{"envs": {env: {"B200": {"ours", "best_peer", "best_peer_name",
+"ratio"}, "B1": {...}}}, "T", "seeds", "held_out", ...}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import bisect
+import functools
+import itertools
+import json
+import os
+import sys
+import time
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+# Run as a script, this file's folder is sys.path[0], and benchmarks/learner.py would shadow the
+# `learner` package benchmarked here; put the repository root there instead.
+_HERE = Path(__file__).resolve().parent
+if sys.path and Path(sys.path[0] or ".").resolve() == _HERE:
+    sys.path[0] = str(_HERE.parent)
+
+import matplotlib  # noqa: E402
+
+matplotlib.use("Agg")  # files only, no display
+
+import numpy as np  # noqa: E402
+from rich.console import Console  # noqa: E402
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn  # noqa: E402
+from rich.table import Table  # noqa: E402
+from threadpoolctl import threadpool_limits  # noqa: E402
+
+from benchmarks._regret_envs import HELD_OUT, Stream, available, generate  # noqa: E402
+from learner.domain import DomainSettings  # noqa: E402
+from learner.policies import make_policy  # noqa: E402
+
+PEER_FAMILIES = ("mabwiser", "vw", "contextualbandits")
+#: The batch size whose curves are plotted (the first requested one if it is not run).
+PLOT_BATCH = 200
+
+
+# --------------------------------------------------------------------------------------------------
+# Configuration
+
+
+@dataclass(frozen=True)
+class SuiteConfig:
+    """What to run; ``--quick`` shrinks it to T = 2,000 and one seed."""
+
+    steps: int = 20_000
+    seeds: tuple[int, ...] = (0, 1, 2)
+    batch_sizes: tuple[int, ...] = (200, 1)
+    envs: tuple[str, ...] = ()
+    peers: tuple[str, ...] = PEER_FAMILIES
+    out: Path = _HERE / "out"
+    #: Steps the slow per-row peers run at B = 1 (0: all T).
+    b1_cap: int = 5_000
+
+    def horizon(self, spec: LearnerSpec, batch: int) -> int:
+        if batch == 1 and spec.slow_per_row and 0 < self.b1_cap < self.steps:
+            return self.b1_cap
+        return self.steps
+
+    @property
+    def capped(self) -> bool:
+        return 1 in self.batch_sizes and 0 < self.b1_cap < self.steps
+
+
+# --------------------------------------------------------------------------------------------------
+# Learners behind one small interface, so that every environment runs the same loop for all of them
+
+
+class Learner(Protocol):
+    def decide(self, Z: np.ndarray, n_arms: int) -> tuple[np.ndarray, np.ndarray]:
+        """Choose one of arms ``0 .. n_arms - 1`` for every row of Z with the model frozen;
+        return (arms, the probability each was drawn with)."""
+
+    def learn(
+        self, Z: np.ndarray, n_arms: np.ndarray, arms: np.ndarray, rewards: np.ndarray, probabilities: np.ndarray
+    ) -> None:
+        """Learn from a batch of rows: context, arms available, arm played, reward, its probability."""
+
+
+def _with_intercept(Z: np.ndarray) -> np.ndarray:
+    return np.hstack([np.ones((Z.shape[0], 1)), Z])
+
+
+class _ArmIds:
+    """String arm ids and SDK action lists, built once per arm count (the policies cache the
+    candidate slots of the last id tuple, so the same tuple object comes back every step)."""
+
+    def __init__(self) -> None:
+        self.names: list[str] = []
+        self._ids: dict[int, tuple[str, ...]] = {}
+        self._actions: dict[int, list[dict[str, str]]] = {}
+
+    def ids(self, n: int) -> tuple[str, ...]:
+        if n not in self._ids:
+            self.names.extend(str(k) for k in range(len(self.names), n))
+            self._ids[n] = tuple(self.names[:n])
+            self._actions[n] = [{"id": arm} for arm in self._ids[n]]
+        return self._ids[n]
+
+    def actions(self, n: int) -> list[dict[str, str]]:
+        self.ids(n)
+        return self._actions[n]
+
+
+class DomainLearner:
+    """Ours as a user gets it: ``DomainSettings()``'s policy and feature encoder (see the module
+    docstring); the SDK's decide path, the join's encode-then-observe and one ``update_batch``."""
+
+    def __init__(self, stream: Stream, seed: int) -> None:
+        settings = DomainSettings()
+        self.policy = settings.make_policy(seed=seed)
+        self.encoder = settings.encoder()
+        self.names = [f"x{j}" for j in range(stream.dim)]
+        self.arms = _ArmIds()
+
+    def _context(self, z: list[float]) -> dict[str, dict[str, float]]:
+        return {"numeric": dict(zip(self.names, z))}
+
+    def decide(self, Z: np.ndarray, n_arms: int) -> tuple[np.ndarray, np.ndarray]:
+        ids, actions = self.arms.ids(n_arms), self.arms.actions(n_arms)
+        arms = np.empty(len(Z), dtype=np.intp)
+        probabilities = np.empty(len(Z))
+        for i, z in enumerate(Z.tolist()):
+            choice = self.policy.probabilities(self.encoder.action_matrix(self._context(z), actions), ids)
+            arms[i], probabilities[i] = choice.chosen, choice.probability
+        return arms, probabilities
+
+    def learn(
+        self, Z: np.ndarray, n_arms: np.ndarray, arms: np.ndarray, rewards: np.ndarray, probabilities: np.ndarray
+    ) -> None:
+        rows = np.empty((len(Z), self.policy.dim))
+        for i, z in enumerate(Z.tolist()):
+            context = self._context(z)
+            rows[i] = self.encoder.context_vector(context)
+            self.encoder.observe(context)  # after encoding, so a value never normalises itself
+        self.policy.update_batch(rows, [self.arms.names[a] for a in arms.tolist()], rewards)
+
+
+class PolicyLearner:
+    """One of our policies with default parameters on the dense row (1, z)."""
+
+    def __init__(self, policy: str, stream: Stream, seed: int) -> None:
+        self.policy = make_policy(policy, dim=stream.dim + 1, seed=seed)
+        self.arms = _ArmIds()
+
+    def decide(self, Z: np.ndarray, n_arms: int) -> tuple[np.ndarray, np.ndarray]:
+        ids = self.arms.ids(n_arms)
+        arms = np.empty(len(Z), dtype=np.intp)
+        probabilities = np.empty(len(Z))
+        for i, x in enumerate(_with_intercept(Z)):
+            # per-arm models: every candidate's row is the context (a copy is cheaper than a view here)
+            choice = self.policy.probabilities(x[None, :].repeat(n_arms, axis=0), ids)
+            arms[i], probabilities[i] = choice.chosen, choice.probability
+        return arms, probabilities
+
+    def learn(
+        self, Z: np.ndarray, n_arms: np.ndarray, arms: np.ndarray, rewards: np.ndarray, probabilities: np.ndarray
+    ) -> None:
+        self.policy.update_batch(_with_intercept(Z), [self.arms.names[a] for a in arms.tolist()], rewards)
+
+
+class MabwiserLearner:
+    """MABWiser LinUCB / LinTS with default parameters: one ridge regression per arm."""
+
+    def __init__(self, policy: str, stream: Stream, seed: int) -> None:
+        from mabwiser.mab import MAB, LearningPolicy
+
+        self.mab = MAB(arms=list(range(stream.n_arms[0])), learning_policy=getattr(LearningPolicy, policy)(), seed=seed)
+        # An empty fit sets every arm to its ridge prior, so the first batch decides like later ones.
+        self.mab.fit(np.zeros(0, dtype=int), np.zeros(0), np.zeros((0, stream.dim + 1)))
+
+    def decide(self, Z: np.ndarray, n_arms: int) -> tuple[np.ndarray, np.ndarray]:
+        for arm in range(len(self.mab.arms), n_arms):
+            self.mab.add_arm(arm)
+        chosen = np.atleast_1d(np.asarray(self.mab.predict(_with_intercept(Z)), dtype=np.intp))
+        return chosen, np.ones(len(chosen))  # it reports no probability, and learns without one
+
+    def learn(
+        self, Z: np.ndarray, n_arms: np.ndarray, arms: np.ndarray, rewards: np.ndarray, probabilities: np.ndarray
+    ) -> None:
+        self.mab.partial_fit(arms, rewards, _with_intercept(Z))
+
+
+class VowpalWabbitLearner:
+    """VW ``--cb_explore_adf -q sa`` with one explorer; text examples as in ``benchmarks/learner.py``."""
+
+    def __init__(self, explorer: str, stream: Stream, seed: int) -> None:
+        import vowpalwabbit
+
+        self.ws = vowpalwabbit.Workspace(f"--cb_explore_adf -q sa --quiet --random_seed {seed} {explorer}")
+        self._shared = "shared |s " + " ".join(f"{j}:%.9g" for j in range(stream.dim))
+        self._actions = [f"|a a{k}" for k in range(stream.max_arms)]
+        self._rng = np.random.default_rng(seed)
+
+    def decide(self, Z: np.ndarray, n_arms: int) -> tuple[np.ndarray, np.ndarray]:
+        actions = self._actions[:n_arms]
+        arms = np.empty(len(Z), dtype=np.intp)
+        probabilities = np.empty(len(Z))
+        for i, (z, u) in enumerate(zip(Z.tolist(), self._rng.random(len(Z)).tolist())):
+            pmf = self.ws.predict([self._shared % tuple(z), *actions])
+            arm = min(bisect.bisect_right(list(itertools.accumulate(pmf)), u), n_arms - 1)
+            arms[i], probabilities[i] = arm, pmf[arm]
+        return arms, probabilities
+
+    def learn(
+        self, Z: np.ndarray, n_arms: np.ndarray, arms: np.ndarray, rewards: np.ndarray, probabilities: np.ndarray
+    ) -> None:
+        rows = zip(Z.tolist(), n_arms.tolist(), arms.tolist(), rewards.tolist(), probabilities.tolist())
+        for z, n, arm, reward, p in rows:
+            example = [self._shared % tuple(z), *self._actions[:n]]
+            example[1 + arm] = f"{arm}:{-reward:.9g}:{p:.9g} {self._actions[arm]}"
+            self.ws.learn(example)
+
+
+class ContextualBanditsLearner:
+    """contextualbandits LinUCB / LinTS (``contextualbandits.online``) with default parameters."""
+
+    def __init__(self, policy: str, stream: Stream, seed: int) -> None:
+        from contextualbandits import online
+
+        # its random_state must be > 0
+        self.model = getattr(online, policy)(nchoices=int(stream.n_arms[0]), random_state=seed + 1)
+
+    def decide(self, Z: np.ndarray, n_arms: int) -> tuple[np.ndarray, np.ndarray]:
+        while self.model.nchoices < n_arms:
+            self.model.add_arm()
+        chosen = np.atleast_1d(np.asarray(self.model.predict(Z), dtype=np.intp))
+        return chosen, np.ones(len(chosen))  # as MABWiser: no probability reported, none needed
+
+    def learn(
+        self, Z: np.ndarray, n_arms: np.ndarray, arms: np.ndarray, rewards: np.ndarray, probabilities: np.ndarray
+    ) -> None:
+        self.model.partial_fit(Z, arms, rewards)
+
+
+@dataclass(frozen=True)
+class LearnerSpec:
+    """One column of the tables: a name, its family, how to build it for a stream and seed, and
+    whether it refits every arm per ``partial_fit`` (capped at B = 1)."""
+
+    name: str
+    family: str  # "ours" | "mabwiser" | "vw" | "contextualbandits"
+    build: Callable[[Stream, int], Learner]
+    slow_per_row: bool = False
+
+    @property
+    def is_peer(self) -> bool:
+        return self.family != "ours"
+
+
+def learner_specs(peers: Sequence[str]) -> tuple[list[LearnerSpec], list[str]]:
+    """The columns to run, ours first, and a note for every requested peer that cannot run."""
+    specs = [
+        LearnerSpec("ours", "ours", DomainLearner),
+        LearnerSpec("our LinUCB", "ours", functools.partial(PolicyLearner, "lin_ucb")),
+        LearnerSpec("our LinTS", "ours", functools.partial(PolicyLearner, "lin_ts")),
+    ]
+    notes = []
+    if "mabwiser" in peers:
+        specs += [
+            LearnerSpec(f"MABWiser {p}", "mabwiser", functools.partial(MabwiserLearner, p), slow_per_row=True)
+            for p in ("LinUCB", "LinTS")
+        ]
+    if "vw" in peers:
+        explorers = {"SquareCB": "--squarecb", "RegCB": "--regcb", "bag 5": "--bag 5", "eps 0.05": "--epsilon 0.05"}
+        specs += [
+            LearnerSpec(f"VW {name}", "vw", functools.partial(VowpalWabbitLearner, args)) for name, args in explorers.items()
+        ]
+    if "contextualbandits" in peers:
+        try:
+            import contextualbandits.online  # noqa: F401
+        except ImportError as exc:
+            notes.append(f"contextualbandits skipped: `import contextualbandits` failed ({exc}); see the module docstring")
+        else:
+            specs += [
+                LearnerSpec(f"cb {p}", "contextualbandits", functools.partial(ContextualBanditsLearner, p), slow_per_row=True)
+                for p in ("LinUCB", "LinTS")
+            ]
+    return specs, notes
+
+
+# --------------------------------------------------------------------------------------------------
+# The loop
+
+
+def run(learner: Learner, stream: Stream, best: np.ndarray, batch: int, steps: int) -> np.ndarray:
+    """Per-step regret of ``learner`` over the first ``steps`` steps of ``stream``: decide
+    ``batch`` steps frozen (piece by piece where the arm set changes), then learn from them."""
+    regret = np.empty(steps)
+    for lo in range(0, steps, batch):
+        hi = min(lo + batch, steps)
+        arms = np.empty(hi - lo, dtype=np.intp)
+        probabilities = np.empty(hi - lo)
+        for start, end, n_arms in stream.segments(lo, hi):
+            arms[start - lo : end - lo], probabilities[start - lo : end - lo] = learner.decide(
+                stream.contexts[start:end], n_arms
+            )
+        idx = np.arange(lo, hi)
+        rewards = stream.rewards[idx, arms]
+        learner.learn(stream.contexts[lo:hi], stream.n_arms[lo:hi], arms, rewards, probabilities)
+        regret[lo:hi] = best[lo:hi] - stream.means[idx, arms]
+    return regret
+
+
+@dataclass
+class Outcome:
+    """One learner's run on one (environment, seed, batch size)."""
+
+    total: float
+    at_cap: float  # regret over the first b1_cap steps (B = 1 only)
+    steps: int
+    seconds: float
+
+
+class Suite:
+    """Runs every (environment, seed, batch size, learner) and keeps what the report needs."""
+
+    def __init__(self, cfg: SuiteConfig, specs: list[LearnerSpec], progress: Progress) -> None:
+        self.cfg = cfg
+        self.specs = specs
+        self.progress = progress
+        self.outcomes: dict[tuple[str, int, str], list[Outcome]] = defaultdict(list)
+        self.uniform: dict[str, list[tuple[float, float]]] = defaultdict(list)  # (total, at cap)
+        self.curves: dict[str, dict[str, np.ndarray]] = defaultdict(dict)  # summed over seeds
+        self.shapes: dict[str, str] = {}
+        self.plot_batch = PLOT_BATCH if PLOT_BATCH in cfg.batch_sizes else cfg.batch_sizes[0]
+
+    def run(self) -> None:
+        cfg = self.cfg
+        task = self.progress.add_task(
+            "regret", total=len(cfg.envs) * len(cfg.seeds) * len(cfg.batch_sizes) * len(self.specs)
+        )
+        for env in cfg.envs:
+            for seed in cfg.seeds:
+                stream = generate(env, cfg.steps, seed)
+                self.shapes[env] = stream.shape
+                best = stream.best()
+                gap = best - stream.uniform()
+                self.uniform[env].append((float(gap.sum()), float(gap[: cfg.b1_cap].sum())))
+                self._add_curve(env, "uniform", gap)
+                for batch in cfg.batch_sizes:
+                    for spec in self.specs:
+                        self.progress.update(task, description=f"{env} seed {seed} B={batch} {spec.name}")
+                        self._run_one(env, seed, batch, spec, stream, best)
+                        self.progress.advance(task)
+
+    def _run_one(self, env: str, seed: int, batch: int, spec: LearnerSpec, stream: Stream, best: np.ndarray) -> None:
+        steps = self.cfg.horizon(spec, batch)
+        t0 = time.perf_counter()
+        regret = run(spec.build(stream, seed), stream, best, batch, steps)
+        seconds = time.perf_counter() - t0
+        self.outcomes[env, batch, spec.name].append(
+            Outcome(float(regret.sum()), float(regret[: self.cfg.b1_cap].sum()), steps, seconds)
+        )
+        if batch == self.plot_batch:
+            self._add_curve(env, spec.name, regret)
+
+    def _add_curve(self, env: str, name: str, regret: np.ndarray) -> None:
+        curve = np.cumsum(regret)
+        previous = self.curves[env].get(name)
+        self.curves[env][name] = curve if previous is None else previous + curve
+
+    # figures ---------------------------------------------------------------------------------------
+
+    def mean(self, env: str, batch: int, name: str, at_cap: bool = False) -> float:
+        return float(np.mean([o.at_cap if at_cap else o.total for o in self.outcomes[env, batch, name]]))
+
+    def full_length(self, env: str, batch: int, name: str) -> bool:
+        return self.outcomes[env, batch, name][0].steps == self.cfg.steps
+
+    def headline(self, env: str, batch: int, at_cap: bool = False) -> dict[str, Any]:
+        """ours, the best peer (over T: among peers that ran all T; ``at_cap``: every peer over the
+        first b1_cap steps) and their ratio."""
+        peers = [s.name for s in self.specs if s.is_peer and (at_cap or self.full_length(env, batch, s.name))]
+        ours = self.mean(env, batch, "ours", at_cap)
+        figures: dict[str, Any] = {"ours": ours}
+        if peers:
+            best = min(peers, key=lambda name: self.mean(env, batch, name, at_cap))
+            best_regret = self.mean(env, batch, best, at_cap)
+            figures |= {"best_peer": best_regret, "best_peer_name": best, "ratio": ours / best_regret}
+        return figures
+
+    def results(self) -> dict[str, Any]:
+        envs: dict[str, Any] = {}
+        for env in self.cfg.envs:
+            envs[env] = {}
+            for batch in self.cfg.batch_sizes:
+                figures = self.headline(env, batch)
+                if batch == 1 and self.cfg.capped:
+                    figures["at_cap"] = {"steps": self.cfg.b1_cap, **self.headline(env, batch, at_cap=True)}
+                envs[env][f"B{batch}"] = figures
+        seconds = {
+            f"B{batch}": {s.name: sum(o.seconds for env in self.cfg.envs for o in self.outcomes[env, batch, s.name])
+                          for s in self.specs}
+            for batch in self.cfg.batch_sizes
+        }  # fmt: skip
+        return {
+            "envs": envs,
+            "T": self.cfg.steps,
+            "seeds": list(self.cfg.seeds),
+            "held_out": [env for env in self.cfg.envs if env in HELD_OUT],
+            "batch_sizes": list(self.cfg.batch_sizes),
+            "b1_cap": {"steps": self.cfg.b1_cap, "learners": [s.name for s in self.specs if s.slow_per_row]}
+            if self.cfg.capped
+            else None,
+            "seconds": seconds,
+        }
+
+    # report ----------------------------------------------------------------------------------------
+
+    def table(self, batch: int, at_cap: bool = False) -> Table:
+        cfg = self.cfg
+        steps = cfg.b1_cap if at_cap else cfg.steps
+        title = (
+            f"Cumulative regret, B={batch}, first {steps:,} steps (every learner)"
+            if at_cap
+            else f"Cumulative regret, B={batch}, T={steps:,}"
+        )
+        table = Table(title=f"{title}, mean of {len(cfg.seeds)} seed(s); lower is better", title_justify="left")
+        table.add_column("env")
+        table.add_column("K, d")
+        for column in ("uniform", *(s.name for s in self.specs), "best peer", "ratio"):
+            table.add_column(column, justify="right")
+        for env in cfg.envs:
+            figures = self.headline(env, batch, at_cap)
+            cells = []
+            regrets = {s.name: self.mean(env, batch, s.name, at_cap) for s in self.specs}
+            lowest = min(regrets.values())
+            for spec in self.specs:
+                text = f"{regrets[spec.name]:,.0f}"
+                if not at_cap and not self.full_length(env, batch, spec.name):
+                    text += "*"
+                cells.append(f"[bold]{text}[/]" if regrets[spec.name] == lowest else text)
+            uniform = float(np.mean([u[1] if at_cap else u[0] for u in self.uniform[env]]))
+            label = f"{env} (held-out)" if env in HELD_OUT else env
+            if "ratio" in figures:
+                colour = "green" if figures["ratio"] <= 1.0 else "red"
+                tail = [figures["best_peer_name"], f"[{colour}]{figures['ratio']:.2f}[/]"]
+            else:
+                tail = ["", ""]
+            table.add_row(label, self.shapes[env], f"{uniform:,.0f}", *cells, *tail)
+        if not at_cap and batch == 1 and cfg.capped:
+            table.caption = (
+                f"*: the first {cfg.b1_cap:,} steps only (per-row refits are slow), so not a candidate for best "
+                "peer over T; the next table compares every learner over those steps"
+            )
+        return table
+
+    def timing_table(self) -> Table:
+        table = Table(title="Wall time per learner, all environments and seeds", title_justify="left")
+        table.add_column("learner")
+        for batch in self.cfg.batch_sizes:
+            table.add_column(f"B={batch} s", justify="right")
+            table.add_column(f"B={batch} us/step", justify="right")
+        for spec in self.specs:
+            cells = []
+            for batch in self.cfg.batch_sizes:
+                runs = [o for env in self.cfg.envs for o in self.outcomes[env, batch, spec.name]]
+                seconds = sum(o.seconds for o in runs)
+                cells += [f"{seconds:,.1f}", f"{1e6 * seconds / sum(o.steps for o in runs):,.0f}"]
+            table.add_row(spec.name, *cells)
+        return table
+
+    def plot(self, path: Path) -> None:
+        import matplotlib.pyplot as plt
+
+        path.parent.mkdir(parents=True, exist_ok=True)
+        envs = list(self.cfg.envs)
+        columns = min(4, len(envs) + 1)
+        rows = -(-(len(envs) + 1) // columns)  # one panel more, for the legend
+        fig, axes = plt.subplots(rows, columns, figsize=(4.2 * columns, 3.2 * rows), squeeze=False)
+        n_seeds = len(self.cfg.seeds)
+        dashes = {"ours": "-", "mabwiser": "--", "vw": ":", "contextualbandits": "-."}
+        colours = plt.get_cmap("tab10").colors
+        for ax, env in zip(axes.flat, envs):
+            for i, spec in enumerate(self.specs):
+                curve = self.curves[env][spec.name] / n_seeds
+                style = {"linewidth": 2.4, "color": "black"} if spec.name == "ours" else {"color": colours[i % 10]}
+                ax.plot(np.arange(1, len(curve) + 1), curve, dashes[spec.family], label=spec.name, **style)
+            uniform = self.curves[env]["uniform"] / n_seeds
+            ax.plot(np.arange(1, len(uniform) + 1), uniform, color="grey", linewidth=0.8, label="uniform random")
+            ax.set_title(f"{env} ({self.shapes[env]})" + (", held-out" if env in HELD_OUT else ""), fontsize=9)
+            ax.tick_params(labelsize=7)
+            ax.grid(True, alpha=0.3)
+        for ax in axes.flat[len(envs) :]:
+            ax.axis("off")
+        handles, labels = axes.flat[0].get_legend_handles_labels()
+        axes.flat[len(envs)].legend(handles, labels, loc="center", fontsize=8, frameon=False)
+        fig.suptitle(
+            f"Cumulative regret (mean of {n_seeds} seed(s)), B={self.plot_batch}, T={self.cfg.steps:,}; x: step",
+            fontsize=10,
+        )
+        fig.tight_layout()
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+
+
+# --------------------------------------------------------------------------------------------------
+# CLI
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in text.split(",") if part.strip())
+
+
+def _names(text: str) -> tuple[str, ...]:
+    return tuple(part.strip() for part in text.split(",") if part.strip())
+
+
+def parse_args(argv: Sequence[str] | None = None) -> tuple[SuiteConfig, list[str]]:
+    """The configuration and a note for every requested environment that cannot run here."""
+    runnable, unavailable = available()
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="T=2,000 and seed 0 (unless --steps / --seeds say otherwise)")
+    parser.add_argument("--steps", type=int, help="steps per run (default 20,000; --quick 2,000)")
+    parser.add_argument("--seeds", type=_ints, help="comma-separated seeds (default 0,1,2; --quick 0)")
+    parser.add_argument("--batch-sizes", type=_ints, default=SuiteConfig.batch_sizes, help="default 200,1")
+    parser.add_argument("--envs", type=_names, help=f"comma-separated; default all: {','.join([*runnable, *unavailable])}")
+    parser.add_argument("--peers", type=_names, default=PEER_FAMILIES, help=f"default {','.join(PEER_FAMILIES)}")
+    parser.add_argument("--out", type=Path, default=SuiteConfig.out, help="folder for regret-curves.png")
+    parser.add_argument(
+        "--b1-cap", type=int, default=SuiteConfig.b1_cap, help="steps MABWiser/contextualbandits run at B=1 (0: all)"
+    )
+    args = parser.parse_args(argv)
+    known = [*runnable, *unavailable]
+    envs = args.envs or tuple(known)
+    for name in envs:
+        if name not in known:
+            parser.error(f"unknown environment {name!r}; known: {', '.join(known)}")
+    for name in args.peers:
+        if name not in PEER_FAMILIES:
+            parser.error(f"unknown peer {name!r}; known: {', '.join(PEER_FAMILIES)}")
+    if not args.batch_sizes or min(args.batch_sizes) < 1:
+        parser.error("--batch-sizes needs positive integers")
+    steps = args.steps or (2_000 if args.quick else SuiteConfig.steps)
+    seeds = args.seeds or ((0,) if args.quick else SuiteConfig.seeds)
+    notes = [f"{name} skipped: {unavailable[name]}" for name in envs if name in unavailable]
+    cfg = SuiteConfig(
+        steps=steps,
+        seeds=seeds,
+        batch_sizes=args.batch_sizes,
+        envs=tuple(name for name in envs if name not in unavailable),
+        peers=args.peers,
+        out=args.out,
+        b1_cap=args.b1_cap,
+    )
+    return cfg, notes
+
+
+def _rounded(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _rounded(v) for k, v in value.items()}
+    if isinstance(value, float):
+        return round(value, 1) if abs(value) >= 100 else round(value, 3)
+    return value
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    cfg, notes = parse_args(argv)
+    specs, peer_notes = learner_specs(cfg.peers)
+    notes += peer_notes
+    out = Console(width=220)
+    err = Console(stderr=True)
+    for note in notes:
+        err.print(f"[yellow]note:[/] {note}")
+    t0 = time.perf_counter()
+    load_start = os.getloadavg()[0]  # the machine may be shared: say how busy it was
+    with threadpool_limits(limits=1, user_api="blas"), Progress(
+        TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+        TimeElapsedColumn(), TimeRemainingColumn(), console=err,
+    ) as progress:  # fmt: skip
+        suite = Suite(cfg, specs, progress)
+        suite.run()
+    plot = cfg.out / "regret-curves.png"
+    suite.plot(plot)
+    for batch in cfg.batch_sizes:
+        out.print(suite.table(batch))
+        if batch == 1 and cfg.capped:
+            out.print(suite.table(batch, at_cap=True))
+    out.print(suite.timing_table())
+    for note in notes:
+        out.print(f"[yellow]note:[/] {note}")
+    out.print(f"curves (B={suite.plot_batch}): {plot}")
+    results = suite.results() | {
+        "skipped": notes,
+        "plot": str(plot),
+        "seconds_total": time.perf_counter() - t0,
+        "load_avg_1m": [round(load_start, 2), round(os.getloadavg()[0], 2)],
+    }
+    sys.stdout.flush()
+    print(json.dumps(_rounded(results)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
