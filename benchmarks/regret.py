@@ -23,8 +23,9 @@ library expects them):
   running normaliser). It decides as the SDK does (``encoder.action_matrix``, then
   ``policy.probabilities``) and learns as the join and learner do (each row encoded with the
   normaliser as it stands, then observed; one ``update_batch``). This is the headline.
-- **our LinUCB**, **our LinTS**: the policies with default parameters on the dense row (1, z), no
-  hashing or normalising: what the policy alone does, and which of ours is best.
+- **our LinUCB**, **our LinTS**, **our IGW** (``lin_igw``: inverse-gap weighting, SquareCB, over
+  the same per-arm ridge models): the policies with default parameters on the dense row (1, z),
+  no hashing or normalising: what the policy alone does, and which of ours is best.
 - **MABWiser** LinUCB and LinTS (defaults: alpha=1, l2_lambda=1) on (1, z), since it fits no
   intercept of its own; it predicts a whole frozen segment in one call and learns by
   ``partial_fit``; a new arm joins by ``add_arm``.
@@ -331,6 +332,7 @@ def learner_specs(peers: Sequence[str]) -> tuple[list[LearnerSpec], list[str]]:
         LearnerSpec("ours", "ours", DomainLearner),
         LearnerSpec("our LinUCB", "ours", functools.partial(PolicyLearner, "lin_ucb")),
         LearnerSpec("our LinTS", "ours", functools.partial(PolicyLearner, "lin_ts")),
+        LearnerSpec("our IGW", "ours", functools.partial(PolicyLearner, "lin_igw")),
     ]
     notes = []
     if "mabwiser" in peers:

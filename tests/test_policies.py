@@ -27,7 +27,7 @@ from learner.policies import (
 )
 
 NAMES = sorted(POLICIES)
-LINEAR = ["lin_ts", "lin_ucb", "shared_lin_ts", "shared_lin_ucb"]
+LINEAR = ["lin_igw", "lin_ts", "lin_ucb", "shared_lin_ts", "shared_lin_ucb"]
 ARMS = ["a", "b", "c"]
 
 
@@ -268,6 +268,20 @@ def test_expected_rewards_score_each_row_with_its_own_arm_and_nan_for_an_unknown
             stats = policy.arm_statistics(arm)
             assert got[i] == pytest.approx(stats["s"] / stats["n"])
     np.testing.assert_array_equal(policy.scoring_view().expected_rewards(X, arms), got)
+
+
+def test_lin_igw_gives_the_inverse_gap_closed_form_checked_by_hand():
+    """theta = r / 2 (one row each, ridge 1): 0.8, 0.5, 0; gamma_t = 2 * sqrt(3 rows) = 3.4641;
+    p_b = 1 / (3 + 3.4641 * 0.3) = 0.247572, p_c = 1 / (3 + 3.4641 * 0.8) = 0.173272,
+    p_a = 1 - p_b - p_c = 0.579156; with the floor 0.1: p * 0.9 + 0.1 / 3."""
+    from learner.policies import LinIGW
+
+    policy = LinIGW(dim=1, gamma_scale=2.0, gamma_exponent=0.5, eps0=0.1, prior_strength=1.0)
+    policy.update_batch(np.ones((3, 1)), ["a", "b", "c"], [1.6, 1.0, 0.0])
+    choice = policy.probabilities(np.ones((3, 1)), ["a", "b", "c"], rng=0)
+    np.testing.assert_allclose(choice.probabilities, [0.554574, 0.256148, 0.189278], atol=1e-6)
+    again = policy.scoring_view().probabilities(np.ones((3, 1)), ["a", "b", "c"], rng=99)
+    np.testing.assert_array_equal(again.probabilities, choice.probabilities)  # deterministic: no draws
 
 
 @pytest.mark.parametrize("name", LINEAR)

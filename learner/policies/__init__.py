@@ -7,7 +7,7 @@ forgetting, batching, the exploration floor, the rng and the state format. Build
     >>> import numpy as np
     >>> from learner.policies import POLICIES, make_policy
     >>> sorted(POLICIES)
-    ['beta_ts', 'epsilon_greedy', 'lin_ts', 'lin_ucb', 'shared_lin_ts', 'shared_lin_ucb', 'softmax', 'ucb1']
+    ['beta_ts', 'epsilon_greedy', 'lin_igw', 'lin_ts', 'lin_ucb', 'shared_lin_ts', 'shared_lin_ucb', 'softmax', 'ucb1']
     >>> policy = make_policy("lin_ts", dim=4, v=0.3, seed=1)
     >>> touched = policy.update_batch(np.eye(4), ["a", "b", "a", "c"], [1.0, 0.5, 0.2, 0.0])
     >>> blobs = {arm: policy.arm_state_bytes(arm) for arm in touched}      # one store value each
@@ -26,6 +26,7 @@ from learner.policies.base import FORMAT_MAJOR, SHARED_ARM, Choice, Drift, Polic
 from learner.policies.beta_ts import BetaTS
 from learner.policies.epsilon_greedy import EpsilonGreedy
 from learner.policies.errors import NumericalError, PolicyError, ScoringOnlyError, StateFormatError
+from learner.policies.lin_igw import LinIGW
 from learner.policies.lin_ts import LinTS
 from learner.policies.lin_ucb import LinUCB
 from learner.policies.shared_lin_ts import SharedLinTS
@@ -35,7 +36,7 @@ from learner.policies.ucb1 import UCB1
 
 #: Every policy by its registry name (the ``policy`` field of PosteriorShard and state headers).
 POLICIES: dict[str, type[Policy]] = {
-    cls.name: cls for cls in (LinUCB, LinTS, SharedLinUCB, SharedLinTS, BetaTS, UCB1, EpsilonGreedy, Softmax)
+    cls.name: cls for cls in (LinUCB, LinTS, LinIGW, SharedLinUCB, SharedLinTS, BetaTS, UCB1, EpsilonGreedy, Softmax)
 }
 
 
@@ -56,6 +57,7 @@ __all__ = [
     "Choice",
     "Drift",
     "EpsilonGreedy",
+    "LinIGW",
     "LinTS",
     "LinUCB",
     "NumericalError",
