@@ -172,13 +172,28 @@ def _one_blas_thread() -> None:
     threadpool_limits(1)
 
 
+def _process_settings(command: str) -> Settings:
+    """The settings of a process that shares its topics with other processes: refused with a
+    ``mock://`` registry, which lives inside one process only (the others could not decode
+    what it registers)."""
+    settings = state.settings()
+    url = settings.registry.url or ""
+    if url.startswith("mock://"):
+        raise ConfigError(
+            f"registry.url: {url!r} is an in-process registry; `banditstream {command}` shares its topics with other "
+            "processes, which cannot see it: use a registry server's http(s):// URL, or none (single-object framing)"
+        )
+    return settings
+
+
 @app.command()
 def join() -> None:
     """Run the join worker: decisions + rewards -> one UpdateEvent per decision. SIGTERM stops it gracefully."""
     from streams.join import run_join
 
+    settings = _process_settings("join")
     _one_blas_thread()
-    run_join(state.settings().worker_config())
+    run_join(settings.worker_config())
 
 
 @app.command()
@@ -186,8 +201,9 @@ def learn() -> None:
     """Run the learner worker: updates -> posterior shards in RocksDB. SIGTERM stops it gracefully."""
     from streams.learn import run_learner
 
+    settings = _process_settings("learn")
     _one_blas_thread()
-    run_learner(state.settings().worker_config())
+    run_learner(settings.worker_config())
 
 
 @app.command()
@@ -200,7 +216,7 @@ def publish() -> None:
     from publisher.publish import PublisherMetrics
     from publisher.worker import run_publisher
 
-    settings = state.settings()
+    settings = _process_settings("publish")
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())  # finish the current publish, then leave
@@ -224,8 +240,7 @@ def serve(
         state.config_path, state._settings = config, None
     if host is not None and not host.strip():
         raise typer.BadParameter("must not be empty", param_hint="'--host'")
-    settings = state.settings()
-    run(settings, host=host, port=port)
+    run(_process_settings("serve"), host=host, port=port)
 
 
 def _store(settings: Settings):

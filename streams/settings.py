@@ -82,7 +82,10 @@ class KafkaSettings(_Section):
 class RegistrySettings(_Section):
     """Schema registry, or none: without a URL events use the Avro single-object encoding."""
 
-    url: str | None = Field(None, description="http(s)://... of a Confluent-compatible registry, or mock://NAME")
+    url: str | None = Field(
+        None, description="http(s)://... of a Confluent-compatible registry, or mock://NAME: confluent-kafka's registry "
+        "inside one process, for tests and the demo only (the workers and serve refuse it)",
+    )  # fmt: skip
     framing: Literal["confluent", "single_object"] | None = Field(
         None, description="wire framing for produced events; default: confluent with a registry, else single_object"
     )

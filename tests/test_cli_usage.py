@@ -94,3 +94,16 @@ def test_bare_command_group_prints_its_help_and_no_error(capsys):
     out, err = capsys.readouterr()
     assert code == 2 and err == ""
     assert "promote" in out and "rollback" in out
+
+
+@pytest.mark.parametrize("command", ["join", "learn", "publish", "serve"])
+def test_a_mock_registry_is_refused_for_a_process_that_shares_its_topics(tmp_path, capsys, command):
+    """mock:// is a registry inside one process: a worker (or serve) with it would register
+    schemas no other process can see. Refused before anything connects; the demo and tests,
+    in one process, keep it."""
+    path = tmp_path / "bandit.toml"
+    path.write_text('[registry]\nurl = "mock://team"\n')
+    code = main(["--config", str(path), command])
+    out, err = capsys.readouterr()
+    _assert_one_line(code, err, "registry.url", "'mock://team'", f"banditstream {command}")
+    assert out == ""
