@@ -681,6 +681,24 @@ def stats(
         console.print(f"figures: {json_path}")
 
 
+@app.command()
+def doctor() -> None:
+    """Check the config against the services it names: broker, topics, registry, snapshot store, keys, clock."""
+    from banditstream.doctor import run_checks
+
+    with err_console.status("checking"):
+        checks = run_checks(state.settings())
+    marks = {"ok": "[green]ok[/]", "failed": "[bold red]FAILED[/]", "skipped": "[yellow]skipped[/]"}
+    width = max(len(c.name) for c in checks)
+    for c in checks:
+        line = f"{marks[c.status]}  {c.name:<{width}}  {c.detail}"
+        if c.fix:
+            line += f" [dim]->[/] {c.fix}"
+        console.print(line, highlight=False, soft_wrap=True)
+    if any(c.status == "failed" for c in checks):
+        raise typer.Exit(1)
+
+
 def _time_ms(text: Optional[str], flag: str) -> Optional[int]:
     if text is None:
         return None

@@ -282,6 +282,11 @@ class S3Store(SnapshotStore):
         if create_bucket:
             self._call("create_bucket", None, Bucket=bucket, _ignore=("BucketAlreadyOwnedByYou", "BucketAlreadyExists"))
 
+    @property
+    def client(self) -> Any:
+        """The boto3 S3 client (for checks beyond the store's own calls, e.g. the server's clock)."""
+        return self._client
+
     def _full(self, key: str) -> str:
         _check_key(key)
         return f"{self.prefix}/{key}" if self.prefix else key
