@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from banditstream import charts
-from banditstream.stats import Leaderboard
+from banditstream.stats import Leaderboard, live_rows
 
 __all__ = ["DomainView", "build_view", "render"]
 
@@ -66,7 +66,8 @@ def build_view(
     quality_signal: str = "quality",
 ) -> DomainView:
     """A domain's page from its UpdateEvents of the leaderboard's window."""
-    rows = _live_rows(updates, board)
+    rows, _ = live_rows(updates, tenant=board.tenant, workspace=board.workspace, domain=board.domain,
+                        since_ms=board.since_ms, until_ms=board.until_ms)
     return DomainView(
         board=board,
         reward_series=_reward_series(rows, board, buckets),
@@ -76,22 +77,6 @@ def build_view(
         pareto=_pareto(rows, cost_signal, quality_signal),
         signals=(cost_signal, quality_signal),
     )
-
-
-def _live_rows(updates: Sequence[Mapping[str, Any]], board: Leaderboard) -> list[Mapping[str, Any]]:
-    seen: set[str] = set()
-    out = []
-    for u in updates:
-        if (u["tenant"], u["workspace"], u["domain"]) != (board.tenant, board.workspace, board.domain):
-            continue
-        t = u["decision_time"]
-        if (board.since_ms is not None and t < board.since_ms) or (board.until_ms is not None and t >= board.until_ms):
-            continue
-        if (u.get("mode") or "live") != "live" or u.get("join_status") == "not_activated" or u["event_id"] in seen:
-            continue
-        seen.add(u["event_id"])
-        out.append(u)
-    return out
 
 
 def _reward_series(rows: list[Mapping[str, Any]], board: Leaderboard, buckets: int) -> dict[str, list[tuple[float, float]]]:

@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["ArmStats", "Leaderboard", "leaderboard", "parse_window", "table"]
+__all__ = ["ArmStats", "Leaderboard", "leaderboard", "live_rows", "parse_window", "table"]
 
 _WINDOW = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h|d)?\s*$")
 _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -109,25 +109,10 @@ def leaderboard(
     posterior means (anything with ``expected_rewards(X, arms)``)."""
     if not 0.5 <= level < 1.0:
         raise ValueError(f"level must be in [0.5, 1), got {level!r}")
-    rows: dict[str, Mapping[str, Any]] = {}
-    not_acted: dict[str, int] = {}
-    for update in updates:
-        if (update["tenant"], update["workspace"], update["domain"]) != (tenant, workspace, domain):
-            continue
-        t = update["decision_time"]
-        if (since_ms is not None and t < since_ms) or (until_ms is not None and t >= until_ms):
-            continue
-        if update["event_id"] in rows:
-            continue
-        mode = update.get("mode") or "live"
-        if update.get("join_status") == "not_activated":
-            mode = "not_activated"
-        if mode != "live":
-            not_acted[mode] = not_acted.get(mode, 0) + 1
-            continue
-        rows[update["event_id"]] = update
+    rows, not_acted = live_rows(updates, tenant=tenant, workspace=workspace, domain=domain, since_ms=since_ms,
+                                until_ms=until_ms)
     by_arm: dict[str, list[Mapping[str, Any]]] = {}
-    for update in rows.values():
+    for update in rows:
         by_arm.setdefault(update["arm"], []).append(update)
     z = NormalDist().inv_cdf(0.5 + level / 2)
     total = len(rows)
@@ -151,6 +136,38 @@ def leaderboard(
         ))  # fmt: skip
     arms.sort(key=lambda a: (-a.mean_reward, -a.decisions, a.arm))
     return Leaderboard(tenant, workspace, domain, since_ms, until_ms, level, total, not_acted, snapshot_version, arms)
+
+
+def live_rows(
+    updates: Iterable[Mapping[str, Any]],
+    *,
+    tenant: str,
+    workspace: str,
+    domain: str,
+    since_ms: int | None = None,
+    until_ms: int | None = None,
+) -> tuple[list[Mapping[str, Any]], dict[str, int]]:
+    """The live decisions of one domain decided in ``[since_ms, until_ms)``, each event id once
+    (the first copy), and the count of those that did not act, by mode (``not_activated`` for a
+    deferred decision never activated)."""
+    rows: dict[str, Mapping[str, Any]] = {}
+    not_acted: dict[str, int] = {}
+    for update in updates:
+        if (update["tenant"], update["workspace"], update["domain"]) != (tenant, workspace, domain):
+            continue
+        t = update["decision_time"]
+        if (since_ms is not None and t < since_ms) or (until_ms is not None and t >= until_ms):
+            continue
+        if update["event_id"] in rows:
+            continue
+        mode = update.get("mode") or "live"
+        if update.get("join_status") == "not_activated":
+            mode = "not_activated"
+        if mode != "live":
+            not_acted[mode] = not_acted.get(mode, 0) + 1
+            continue
+        rows[update["event_id"]] = update
+    return list(rows.values()), not_acted
 
 
 def _posterior_mean(policy: Any, arm: str, rows: list[Mapping[str, Any]]) -> float | None:

@@ -770,19 +770,13 @@ class JoinCore:
         if reward_id in rewards:
             out.duplicate("activation", update["event_id"])
             return None
-        if owner != (update["tenant"], update["workspace"], update["domain"]):
-            out.dead.append(_refuse(source, "reward_mismatch",
-                                    f"the activation names {'/'.join(owner)}, its decision "
-                                    f"{update['tenant']}/{update['workspace']}/{update['domain']}"))
+        if self._foreign(update, owner, source, "activation", out):
             return None
         if ts > deadline:
             out.dead.append(_refuse(source, "late_activation",
                                     f"timestamp {ts} is after its deferred decision stopped waiting at {deadline}"))
             return None
-        if ts < update["decision_time"] - self._skew_ms:
-            out.dead.append(_refuse(source, "reward_before_decision",
-                                    f"timestamp {ts} is more than max_clock_skew_s before its decision's "
-                                    f"{update['decision_time']}"))
+        if self._too_early(update, ts, source, out):
             return None
         rewards[ACTIVATION_REWARD_ID] = (ts, {}, None)
         return max(ts, update["decision_time"]) + domain.window_ms
@@ -793,25 +787,38 @@ class JoinCore:
         if reward_id in rewards:
             out.duplicate("reward", f"{update['event_id']}/{reward_id}")
             return False
-        if owner != (update["tenant"], update["workspace"], update["domain"]):
-            out.dead.append(_refuse(source, "reward_mismatch",
-                                    f"the reward names {'/'.join(owner)}, its decision "
-                                    f"{update['tenant']}/{update['workspace']}/{update['domain']}"))
+        if self._foreign(update, owner, source, "reward", out):
             return False
         if ts > deadline:
             out.late_rewards += 1
             out.dead.append(_refuse(source, "late_reward",
                                     f"timestamp {ts} is after the decision's window closed at {deadline}"))
             return False
-        if ts < update["decision_time"] - self._skew_ms:
-            out.dead.append(_refuse(source, "reward_before_decision",
-                                    f"timestamp {ts} is more than max_clock_skew_s before its decision's "
-                                    f"{update['decision_time']}"))
+        if self._too_early(update, ts, source, out):
             return False
         if len(rewards) >= self.options.max_rewards_per_decision:
             out.dead.append(_refuse(source, "too_many_rewards", f"already {len(rewards)} rewards for this decision"))
             return False
         rewards[reward_id] = (ts, signals, value)
+        return True
+
+    @staticmethod
+    def _foreign(update: dict, owner: tuple, source: DeadLetter, what: str, out: Outputs) -> bool:
+        """Dead-letter a reward or activation naming another tenant/workspace/domain than its decision."""
+        if owner == (update["tenant"], update["workspace"], update["domain"]):
+            return False
+        out.dead.append(_refuse(source, "reward_mismatch",
+                                f"the {what} names {'/'.join(owner)}, its decision "
+                                f"{update['tenant']}/{update['workspace']}/{update['domain']}"))
+        return True
+
+    def _too_early(self, update: dict, ts: int, source: DeadLetter, out: Outputs) -> bool:
+        """Dead-letter a reward or activation stamped more than the skew before its decision."""
+        if ts >= update["decision_time"] - self._skew_ms:
+            return False
+        out.dead.append(_refuse(source, "reward_before_decision",
+                                f"timestamp {ts} is more than max_clock_skew_s before its decision's "
+                                f"{update['decision_time']}"))
         return True
 
     # -- deadlines -----------------------------------------------------------------------
