@@ -73,7 +73,7 @@ class DemoError(RuntimeError):
 class DemoOptions:
     events: int = 20_000
     domains: tuple[str, ...] = DEFAULT_DOMAINS
-    policy: str = "lin_ts"
+    policy: str = "lin_igw"
     seed: int = 7
     round_size: int = 1000
     window_s: float = 3.0
@@ -304,11 +304,11 @@ class _Demo:
             repository = str(self.workdir / "snapshots")
         domains = {}
         for name, log in self.logs.items():
-            params = {"eps0": 0.02, "seed": self.o.seed}
-            if self.o.policy in ("lin_ts", "shared_lin_ts"):
-                params["v"] = 0.3
+            params: dict[str, Any] = {"seed": self.o.seed}  # the default policy runs with its defaults
+            if self.o.policy in ("lin_ts", "shared_lin_ts"):  # the settings these were run with before lin_igw
+                params.update(v=0.3, eps0=0.02)
             elif self.o.policy in ("lin_ucb", "shared_lin_ucb"):
-                params["alpha"] = 0.5
+                params.update(alpha=0.5, eps0=0.02)
             shared = self.o.policy.startswith("shared_")
             domains[name] = {
                 "policy": self.o.policy,

@@ -313,7 +313,7 @@ class GridPoint:
 
 
 def regret_grid() -> dict[str, list[GridPoint]]:
-    """Six points per family, each around the knob that matters most for it.
+    """Six points per family, each around the knob that matters most for it (and ours with defaults).
 
     Ours and MABWiser mirror each other: the UCB width alpha and the Thompson-sampling posterior
     scale over the same three values. Ours runs without its exploration floor (eps0=0), as the
@@ -326,7 +326,8 @@ def regret_grid() -> dict[str, list[GridPoint]]:
     scales = (0.1, 0.3, 1.0)
     return {
         "ours": [GridPoint("ours", "lin_ucb", {"alpha": a, "eps0": 0.0}) for a in scales]
-        + [GridPoint("ours", "lin_ts", {"v": v, "eps0": 0.0}) for v in scales],
+        + [GridPoint("ours", "lin_ts", {"v": v, "eps0": 0.0}) for v in scales]
+        + [GridPoint("ours", "lin_igw", {})],  # the default policy with its defaults
         "mabwiser": [GridPoint("mabwiser", "LinUCB", {"alpha": a}) for a in scales]
         + [GridPoint("mabwiser", "LinTS", {"alpha": a}) for a in scales],
         "vw": [
@@ -572,7 +573,7 @@ class Bench:
         rows = LabelledRows.generate(cfg.decide_train_rows, cfg.decide_arms, cfg.decide_dim, self._rng(64))
         queries = self._rng(65).normal(size=(cfg.decide_calls, cfg.decide_dim))
         calls: dict[str, Callable[[int], object]] = {}
-        for policy, key in (("lin_ts", "lints"), ("lin_ucb", "linucb")):
+        for policy, key in (("lin_ts", "lints"), ("lin_ucb", "linucb"), ("lin_igw", "linigw")):
             learner = trained_scoring_view(policy, rows, cfg)
             calls[f"decide_{{}}_us_{key}_d64"] = lambda i, learner=learner: learner.choose(queries[i])
 
@@ -656,6 +657,8 @@ class Bench:
             ("update_per_s_d128_blas1", "  same, 1 BLAS thread", rate, "", "", ""),
             ("decide_p50_us_lints_d64", "decide p50 d=64, LinTS", us, "", "", ""),
             ("decide_p99_us_lints_d64", "decide p99 d=64, LinTS", us, "", "", decide_target),
+            ("decide_p50_us_linigw_d64", "decide p50 d=64, LinIGW (the default)", us, "", "", ""),
+            ("decide_p99_us_linigw_d64", "decide p99 d=64, LinIGW (the default)", us, "", "", decide_target),
             ("decide_p50_us_linucb_d64", "decide p50 d=64, LinUCB (peers: predict)", us, "mabwiser_decide_p50_us_d64", "vw_decide_p50_us_d64", ""),
             ("decide_p99_us_linucb_d64", "decide p99 d=64, LinUCB (peers: predict)", us, "mabwiser_decide_p99_us_d64", "vw_decide_p99_us_d64", decide_target),
         ]
@@ -712,7 +715,7 @@ class Bench:
             key = f"update_per_s_d{dim}"
             if key in r and r[key] < target:
                 missed.append(f"{key} = {r[key]:,.0f}/s < {target:,}/s")
-        for key in ("decide_p99_us_lints_d64", "decide_p99_us_linucb_d64"):
+        for key in ("decide_p99_us_lints_d64", "decide_p99_us_linucb_d64", "decide_p99_us_linigw_d64"):
             if key in r and r[key] > TARGET_DECIDE_P99_US:
                 missed.append(f"{key} = {r[key]:.1f} us > {TARGET_DECIDE_P99_US:g} us")
         if "regret_ours" in r:

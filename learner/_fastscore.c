@@ -16,6 +16,9 @@
  *     mean + z[r] * scale, draw half + r scores mean - z[r] * scale, scale = v * width;
  *     p_k = (draws k wins) / n, the first maximum winning (numpy's argmax);
  *   - greedy (LinUCB): score = mean + alpha * width, the best scores share 1 evenly;
+ *   - inverse-gap weighting (LinIGW) with learning rate g > 0: on score = mean + alpha * width,
+ *     b the first maximum, p_k = 1 / (K + g * (score_b - score_k)) for k != b and
+ *     p_b = 1 - fsum(others) (math.fsum, as the numpy path);
  *   - the floor, when eps0 > 0: p = p * (1 - eps0), then p + eps0 / K;
  *   - the draw with the caller's uniform u, base.draw_index's rule: for K <= 64 the first
  *     index of positive probability whose running sum exceeds u * fsum(p) (math.fsum's
@@ -360,9 +363,10 @@ mean_width(PyObject *module, PyObject *args)
 }
 
 PyDoc_STRVAR(choose_doc,
-"choose(factor, slots, X, coef, z, n_draws, eps0, u, p) -> chosen index\n\n"
+"choose(factor, slots, X, coef, z, n_draws, igw, eps0, u, p) -> chosen index\n\n"
 "Fill p with the policy's distribution over the K candidates, floor mixed in, and return the\n"
-"index drawn from it with uniform u. z None: greedy on mean + coef * width (LinUCB); else\n"
+"index drawn from it with uniform u. z None: on the scores mean + coef * width, greedy\n"
+"(LinUCB) when igw is 0, else inverse-gap weighting with learning rate igw (LinIGW); z given:\n"
 "the (ceil(n_draws / 2), K) standard normals of n_draws antithetic Thompson draws with\n"
 "scale coef * width (LinTS).");
 
@@ -370,9 +374,9 @@ static PyObject *
 choose(PyObject *module, PyObject *args)
 {
     PyObject *F, *slots, *X, *z_obj, *p_obj;
-    double coef, eps0, u;
+    double coef, igw, eps0, u;
     Py_ssize_t n_draws;
-    if (!PyArg_ParseTuple(args, "OOOdOnddO:choose", &F, &slots, &X, &coef, &z_obj, &n_draws, &eps0, &u, &p_obj))
+    if (!PyArg_ParseTuple(args, "OOOdOndddO:choose", &F, &slots, &X, &coef, &z_obj, &n_draws, &igw, &eps0, &u, &p_obj))
         return NULL;
     Inputs in;
     if (get_inputs(F, slots, X, &in) < 0)
@@ -395,7 +399,9 @@ choose(PyObject *module, PyObject *args)
         PyErr_SetString(PyExc_ValueError, "p needs one value per candidate");
     else if (have_z && (n_draws < 1 || z_view.shape[0] != half || z_view.shape[1] != K))
         PyErr_SetString(PyExc_ValueError, "z must be (ceil(n_draws / 2), K) with n_draws >= 1");
-    else if ((mean = PyMem_Malloc(3 * K * sizeof(double))) == NULL)
+    else if (!(igw >= 0.0 && isfinite(igw)))
+        PyErr_SetString(PyExc_ValueError, "igw must be finite and >= 0");
+    else if ((mean = PyMem_Malloc(4 * K * sizeof(double))) == NULL)
         PyErr_NoMemory();
     else if (score(&in, mean, mean + K) == 0) {
         double *width = mean + K, *scratch = mean + 2 * K, *p = p_view.buf;
@@ -424,6 +430,18 @@ choose(PyObject *module, PyObject *args)
             }
             for (Py_ssize_t k = 0; k < K; k++)
                 p[k] = p[k] / (double)n_draws;
+        }
+        else if (igw > 0.0) {
+            double *s = scratch;
+            Py_ssize_t best = 0;
+            for (Py_ssize_t k = 0; k < K; k++) {
+                s[k] = mean[k] + coef * width[k];
+                if (k > 0 && !(s[k] <= s[best]) && !isnan(s[best])) /* numpy's argmax: first maximum, NaN wins */
+                    best = k;
+            }
+            for (Py_ssize_t k = 0; k < K; k++)
+                p[k] = k == best ? 0.0 : 1.0 / ((double)K + igw * (s[best] - s[k]));
+            p[best] = 1.0 - exact_sum(p, K, mean + 3 * K);
         }
         else {
             double *s = scratch;

@@ -284,6 +284,26 @@ def test_lin_igw_gives_the_inverse_gap_closed_form_checked_by_hand():
     np.testing.assert_array_equal(again.probabilities, choice.probabilities)  # deterministic: no draws
 
 
+def test_optimistic_igw_takes_its_gaps_between_ucb_scores_checked_by_hand():
+    """Ridge 1, x = 1: arm a (rewards 1, 1) has A = 3, theta = 2/3, width sqrt(1/3), score
+    1.244017; b (0.5) A = 2, theta = 0.25, width sqrt(1/2), score 0.957107; c never played: the
+    prior, score 0 + 1 = 1. gamma = 2: p_b = 1 / (3 + 2 * 0.286910) = 0.279813,
+    p_c = 1 / (3 + 2 * 0.244017) = 0.286694, p_a = 1 - p_b - p_c = 0.433493. The untried arm
+    gets more than the tried, worse-scoring one: optimism, where plain SquareCB (alpha 0) would
+    give c the least (its prediction, 0, is the lowest)."""
+    from learner.policies import LinIGW
+
+    policy = LinIGW(dim=1, alpha=1.0, gamma_scale=2.0, gamma_exponent=0.0, prior_strength=1.0)
+    policy.update_batch(np.ones((3, 1)), ["a", "a", "b"], [1.0, 1.0, 0.5])
+    choice = policy.probabilities(np.ones((3, 1)), ["a", "b", "c"], rng=0)
+    np.testing.assert_allclose(choice.probabilities, [0.433493, 0.279813, 0.286694], atol=1e-6)
+    assert policy.eps0 == 0.0 and choice.probabilities.min() > 0  # no floor needed: every candidate > 0
+    plain = LinIGW(dim=1, alpha=0.0, gamma_scale=2.0, gamma_exponent=0.0, prior_strength=1.0)
+    plain.update_batch(np.ones((3, 1)), ["a", "a", "b"], [1.0, 1.0, 0.5])
+    p = plain.probabilities(np.ones((3, 1)), ["a", "b", "c"], rng=0).probabilities
+    assert p[2] < p[1] < p[0]
+
+
 @pytest.mark.parametrize("name", LINEAR)
 def test_drift_is_covariance_trace_and_spectral_norm_of_A(name):
     policy = trained(name)

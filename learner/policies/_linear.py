@@ -186,10 +186,12 @@ class LinearPolicy(Policy):
         Y = R[:, 1:]
         return R[:, 0], np.sqrt(np.einsum("kd,kd->k", Y, Y))
 
-    def _compiled_rule(self, K: int, rng: np.random.Generator) -> tuple[float, np.ndarray | None, int] | None:
-        """``(coef, z, n_draws)`` for ``_fastscore.choose``: greedy on ``mean + coef * width``
-        when ``z`` is None, else Thompson draws from the normals ``z`` (drawn here, as the numpy
-        path draws them) with scale ``coef * width``; None when the policy has no compiled rule."""
+    def _compiled_rule(self, K: int, rng: np.random.Generator) -> tuple[float, np.ndarray | None, int, float] | None:
+        """``(coef, z, n_draws, igw)`` for ``_fastscore.choose``, on the scores
+        ``mean + coef * width``: greedy when ``z`` is None and ``igw`` is 0, inverse-gap weighting
+        with learning rate ``igw`` when it is positive, else Thompson draws from the normals ``z``
+        (drawn here, as the numpy path draws them) with scale ``coef * width``; None when the
+        policy has no compiled rule."""
         return None
 
     def _compiled_choice(self, X: np.ndarray, slots: np.ndarray, rng: np.random.Generator) -> Choice | None:
@@ -199,10 +201,10 @@ class LinearPolicy(Policy):
         if rule is None:
             return None
         self._refresh(slots)
-        coef, z, n_draws = rule
+        coef, z, n_draws, igw = rule
         p = np.empty(len(slots))
         chosen = _fastscore.choose(
-            self._arrays["factor"], slots, np.ascontiguousarray(X), coef, z, n_draws, self.eps0, rng.random(), p
+            self._arrays["factor"], slots, np.ascontiguousarray(X), coef, z, n_draws, igw, self.eps0, rng.random(), p
         )
         return Choice(p, chosen, float(p[chosen]))
 

@@ -1,7 +1,8 @@
-"""Disjoint linear models explored by inverse-gap weighting (SquareCB)."""
+"""Disjoint linear models explored by inverse-gap weighting (SquareCB), optimistically."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -11,30 +12,35 @@ from learner.policies.base import Block
 
 
 class LinIGW(LinearPolicy):
-    """Inverse-gap weighting over per-arm ridge regressions: SquareCB with linear models.
+    """Inverse-gap weighting over optimistic per-arm ridge regressions (SquareCB, RegCB-style).
 
-    For candidate k with row ``x_k`` and arm ``a``, the model predicts
-    ``yhat_k = x_k . theta_a``. With ``b`` the best prediction (the first of ties) and
-    ``gamma_t = gamma_scale * t ** gamma_exponent``, ``t`` the rows learned by the policy so
-    far (at least 1)::
+    For candidate k with row ``x_k`` and arm ``a``, the score is the model's prediction plus
+    ``alpha`` times its width, ``s_k = x_k . theta_a + alpha * ||L_a^T x_k||`` (LinUCB's score;
+    ``alpha = 0`` is the plain prediction, Foster & Rakhlin's SquareCB). With ``b`` the best
+    score (the first of ties) and ``gamma_t = gamma_scale * t ** gamma_exponent``, ``t`` the rows
+    learned by the policy so far (at least 1)::
 
-        p_k = 1 / (K + gamma_t * (yhat_b - yhat_k))     for k != b
-        p_b = 1 - sum of the others
+        p_k = 1 / (K + gamma_t * (s_b - s_k))     for k != b
+        p_b = 1 - fsum of the others
 
-    so a candidate is explored in proportion to how little worse it is predicted, less and
-    less as evidence accumulates; the floor then gives every candidate ``eps0 / K``. The
-    distribution is a closed form of the model: exact and deterministic (the same model and
-    rows give the same probabilities, with no draws), which is what off-policy evaluation wants.
+    so a candidate is explored in proportion to how little worse it looks, less and less as
+    evidence accumulates. Optimism explores what the model has not seen yet (a new arm, a new
+    region of the context space) at once, where plain SquareCB would wait for gamma_t's gaps to
+    close. Every candidate keeps a positive probability without a floor, so ``eps0`` defaults
+    to 0 here (set it to bound the smallest propensity, at a cost in regret: README, "Which
+    policy"). The distribution is a closed form of the model: exact and deterministic (the same
+    model and rows give the same probabilities, with no draws), which off-policy evaluation wants.
 
-    Parameters: ``gamma_scale`` (> 0) and ``gamma_exponent`` (>= 0) of the learning rate
-    (Vowpal Wabbit's ``--squarecb`` defaults, 10 and 0.5); ``refactor_every``,
+    Parameters: ``alpha`` (>= 0, default 1), ``gamma_scale`` (> 0, default 300) and
+    ``gamma_exponent`` (>= 0, default 0.5), the defaults chosen by ``benchmarks/regret.py``
+    (Vowpal Wabbit's ``--squarecb`` uses 10 and 0.5 with ``alpha = 0``); ``refactor_every``,
     ``intercept_index`` (see :class:`~learner.policies._linear.LinearPolicy`); ``dim``,
     ``eps0``, ``gamma``, ``prior_mean``, ``prior_strength``, ``arm_priors``, ``seed`` (see
     :class:`~learner.policies.base.Policy`).
 
     >>> import numpy as np
     >>> from learner.policies import LinIGW
-    >>> policy = LinIGW(dim=1, gamma_scale=10.0, gamma_exponent=0.0, eps0=0.0, prior_strength=1.0)
+    >>> policy = LinIGW(dim=1, alpha=0.0, gamma_scale=10.0, gamma_exponent=0.0, prior_strength=1.0)
     >>> _ = policy.update_batch(np.ones((2, 1)), ["good", "poor"], [1.0, 0.0])   # theta 0.5 and 0
     >>> policy.probabilities(np.ones((2, 1)), ["good", "poor"]).probabilities.round(12).tolist()   # 1/(2 + 10 * 0.5)
     [0.857142857143, 0.142857142857]
@@ -46,14 +52,20 @@ class LinIGW(LinearPolicy):
 
     name = "lin_igw"
 
-    def __init__(self, dim: int, *, gamma_scale: float = 10.0, gamma_exponent: float = 0.5, **kwargs: Any) -> None:
+    def __init__(
+        self, dim: int, *, alpha: float = 1.0, gamma_scale: float = 300.0, gamma_exponent: float = 0.5,
+        eps0: float = 0.0, **kwargs: Any,
+    ) -> None:  # fmt: skip
+        if not (alpha >= 0.0 and np.isfinite(alpha)):
+            raise ValueError(f"alpha must be finite and >= 0, got {alpha!r}")
         if not (gamma_scale > 0.0 and np.isfinite(gamma_scale)):
             raise ValueError(f"gamma_scale must be finite and > 0, got {gamma_scale!r}")
         if not (gamma_exponent >= 0.0 and np.isfinite(gamma_exponent)):
             raise ValueError(f"gamma_exponent must be finite and >= 0, got {gamma_exponent!r}")
         self.gamma_scale = float(gamma_scale)
         self.gamma_exponent = float(gamma_exponent)
-        super().__init__(dim, **kwargs)
+        self.alpha = float(alpha)
+        super().__init__(dim, eps0=eps0, **kwargs)
 
     def learning_rate(self) -> float:
         """``gamma_t`` for the rows learned so far."""
@@ -63,13 +75,17 @@ class LinIGW(LinearPolicy):
     def _policy_probabilities(
         self, X: np.ndarray, slots: np.ndarray, block: Block | None, rng: np.random.Generator
     ) -> np.ndarray:
-        mean, _ = self._mean_width(X, slots, block)
-        best = int(np.argmax(mean))
-        p = 1.0 / (len(mean) + self.learning_rate() * (mean[best] - mean))
+        mean, width = self._mean_width(X, slots, block)
+        score = mean + self.alpha * width
+        best = int(np.argmax(score))
+        p = 1.0 / (len(score) + self.learning_rate() * (score[best] - score))
         p[best] = 0.0
-        p[best] = 1.0 - p.sum()
+        p[best] = 1.0 - math.fsum(p.tolist())  # correctly rounded: the compiled path sums the same
         return p
+
+    def _compiled_rule(self, K: int, rng: np.random.Generator) -> tuple[float, None, int, float]:
+        return self.alpha, None, 0, self.learning_rate()
 
     @classmethod
     def _unit_test_params(cls) -> dict[str, Any]:
-        return {**super()._unit_test_params(), "gamma_scale": 10.0}
+        return {**super()._unit_test_params(), "gamma_scale": 10.0, "alpha": 0.5}

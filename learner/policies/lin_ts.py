@@ -63,8 +63,8 @@ class LinTS(ThompsonParams, LinearPolicy):
         scale = self.v * width
         return gaussian_argmax_frequencies(mean, lambda z: z * scale, self.n_draws, rng, len(mean))
 
-    def _compiled_rule(self, K: int, rng: np.random.Generator) -> tuple[float, np.ndarray, int]:
-        return self.v, rng.standard_normal(((self.n_draws + 1) // 2, K)), self.n_draws
+    def _compiled_rule(self, K: int, rng: np.random.Generator) -> tuple[float, np.ndarray, int, float]:
+        return self.v, rng.standard_normal(((self.n_draws + 1) // 2, K)), self.n_draws, 0.0
 
     @classmethod
     def _unit_test_params(cls) -> dict[str, Any]:

@@ -57,8 +57,8 @@ class LinUCB(LinearPolicy):
         mean, width = self._mean_width(X, slots, block)
         return greedy_distribution(mean + self.alpha * width)
 
-    def _compiled_rule(self, K: int, rng: np.random.Generator) -> tuple[float, None, int]:
-        return self.alpha, None, 0
+    def _compiled_rule(self, K: int, rng: np.random.Generator) -> tuple[float, None, int, float]:
+        return self.alpha, None, 0, 0.0
 
     @classmethod
     def _unit_test_params(cls) -> dict[str, Any]:
