@@ -119,6 +119,13 @@ class SourceReader:
         self.drained_at: float | None = None
         #: (topic, partition) -> wall ms its leader was last heard from (librdkafka statistics).
         self.contact: dict[tuple[str, int], float] = {}
+        #: (topic, partition) -> wall ms its leader was heard again after a silence longer than
+        #: ``silence_ms`` (frozen, restarting, unreachable): see :meth:`resumed_at`.
+        self.resumed: dict[tuple[str, int], float] = {}
+        #: Longer than this without a word from a broker that is fetched from every
+        #: ``fetch_wait_ms`` is a silence, not a quiet partition.
+        self.silence_ms = max(1000.0, 3.0 * fetch_wait_ms)
+        self._silent: set[int] = set()  # node ids silent at the last statistics report
         self.generation = 0
         self._paused: set[int] = set()
         self._lock = threading.Lock()  # assign() on the event loop, read() on the reading thread
@@ -203,13 +210,30 @@ class SourceReader:
             return
         contact = {}
         for broker in brokers.values():
-            idle_us = broker.get("rxidle", -1)
-            if broker.get("nodeid", -1) < 0 or idle_us is None or idle_us < 0:
+            node, idle_us = broker.get("nodeid", -1), broker.get("rxidle", -1)
+            if node < 0:
                 continue
+            toppars = [(t["topic"], t["partition"]) for t in broker.get("toppars", {}).values()]
+            if idle_us is None or idle_us < 0 or idle_us / 1000.0 > self.silence_ms:
+                self._silent.add(node)  # away, or not connected (yet)
+                if idle_us is None or idle_us < 0:
+                    continue
+            elif node in self._silent:
+                self._silent.discard(node)
+                for key in toppars:  # heard again: records its producers held meanwhile come now
+                    self.resumed[key] = now - idle_us / 1000.0
             heard = now - idle_us / 1000.0
-            for toppar in broker.get("toppars", {}).values():
-                contact[(toppar["topic"], toppar["partition"])] = heard
+            for key in toppars:
+                contact[key] = heard
         self.contact = contact
+
+    def resumed_at(self, topic: str, partition: int) -> float | None:
+        """Wall ms the partition's broker was last heard again after a silence (None: never
+        silent since this reader started, or not known). The records its producers held
+        while it was away reach it from then on, stamped with their earlier event times; a
+        partition read to its end right after that moment is not yet quiet
+        (:meth:`streams._join_state.PartitionState.advance`)."""
+        return self.resumed.get((topic, partition))
 
     def highwater(self, topic: str, partition: int) -> int | None:
         """The partition's end offset as the last fetch response said (None if unknown)."""

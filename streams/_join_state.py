@@ -457,7 +457,9 @@ class PartitionState:
                 wall, second = unsettled.popleft()
                 unsettled.appendleft((wall, max(first, second)))
 
-    def advance(self, decisions_end: float | None, rewards_end: float | None, margin_ms: float) -> None:
+    def advance(
+        self, decisions_end: float | None, rewards_end: float | None, margin_ms: float, resumed_ms: float | None = None
+    ) -> None:
         """Move the clocks with what the reader knows of the partition's ends.
 
         ``decisions_end`` / ``rewards_end``: the wall ms F up to which that topic is read and
@@ -471,14 +473,18 @@ class PartitionState:
         * both read to their end and nothing handed over for longer than the margin: both
           clocks follow the wall clock from the newest event time read (the partition is
           quiet, so default rewards fire when traffic stops): ``stream_time + (F - margin -
-          last_read)``.
+          last_read)``. ``resumed_ms``: when the partition's broker was heard again after a
+          silence (None: it never was silent). A broker away is no quiet: producers hold their
+          records meanwhile and send them, with their earlier event times, once it is back, so
+          quiet is counted from ``max(last_read, resumed_ms)``, never across the outage (the
+          soak's broker freezes made windows of decisions still in their producers close).
         """
         if rewards_end is not None:
             self._settle(True, rewards_end - margin_ms, "reward_clock")
         if decisions_end is not None:
             self._settle(False, decisions_end - margin_ms, "decision_clock")
         if rewards_end is not None and decisions_end is not None and self.stream_time != NEVER:
-            quiet = min(rewards_end, decisions_end) - margin_ms - self.last_read
+            quiet = min(rewards_end, decisions_end) - margin_ms - max(self.last_read, resumed_ms or 0.0)
             if quiet > 0:
                 self._raise("reward_clock", self.stream_time + int(quiet))
                 self._raise("decision_clock", self.stream_time + int(quiet))
@@ -824,11 +830,11 @@ class JoinCore:
     # -- deadlines -----------------------------------------------------------------------
 
     def fire(self, part: PartitionState, now_wall_ms: float, out: Outputs, decisions_end: float | None = None,
-             rewards_end: float | None = None) -> None:
+             rewards_end: float | None = None, resumed_ms: float | None = None) -> None:
         """Advance the partition's clocks (:meth:`PartitionState.advance`) and finalise
         everything now due: a waiting decision once the reward clock is past its window's end
         plus grace, early rewards once the decision clock is past theirs."""
-        part.advance(decisions_end, rewards_end, self._margin_ms)
+        part.advance(decisions_end, rewards_end, self._margin_ms, resumed_ms)
         grace, done_at = self._grace_ms, int(now_wall_ms)
         heap, clock = part.heap, part.reward_clock - grace
         while heap and heap[0][0] < clock:

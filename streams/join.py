@@ -568,7 +568,7 @@ class JoinWorker:
                 self.metrics.duplicates.labels("join", "replayed").inc(n_replayed)
             clocks = await self._clocks()
             for partition, part in self.parts.items():
-                core.fire(part, now, out, *clocks.get(partition, (None, None)))
+                core.fire(part, now, out, *clocks.get(partition, (None, None, None)))
             self._report_duplicates(out)
             self.failpoint.passed("read")
             self.metrics.batch_size.labels("join").observe(len(messages))
@@ -648,7 +648,7 @@ class JoinWorker:
                 out = Outputs()
                 clocks = await self._clocks()
                 for partition, part in self.parts.items():
-                    self.core.fire(part, now, out, *clocks.get(partition, (None, None)))
+                    self.core.fire(part, now, out, *clocks.get(partition, (None, None, None)))
                 await asyncio.shield(self._commit(out, self.parts.values()))
             if time.monotonic() >= self._next_purge:
                 self._next_purge = time.monotonic() + self.options.purge_interval_s
@@ -687,9 +687,9 @@ class JoinWorker:
                 self.producer.send_raw(topic, encode(record), key=f"~normalizer/{name}/p{part.partition}")
             part.norm_unpublished.clear()
 
-    def _log_status(self, clocks: dict[int, tuple[float | None, float | None]]) -> None:
+    def _log_status(self, clocks: dict[int, tuple[float | None, float | None, float | None]]) -> None:
         for partition, part in sorted(self.parts.items()):
-            decisions_end, rewards_end = clocks.get(partition, (None, None))
+            decisions_end, rewards_end, _ = clocks.get(partition, (None, None, None))
             log.info(
                 "join p%d: reward clock %d, decision clock %d, stream time %d, waiting %d (next deadline %s), "
                 "decisions read to their end at %s, rewards at %s, positions %s",
@@ -698,15 +698,22 @@ class JoinWorker:
                 [part.position.get(t) for t in (self.topics.decisions, self.topics.rewards)],
             )  # fmt: skip
 
-    async def _clocks(self) -> dict[int, tuple[float | None, float | None]]:
-        """Per partition: ``(decisions_end, rewards_end)``, the wall ms up to which each source
-        partition is known handed over to its end, or None while it has records left (see
+    async def _clocks(self) -> dict[int, tuple[float | None, float | None, float | None]]:
+        """Per partition: ``(decisions_end, rewards_end, resumed)``, the wall ms up to which
+        each source partition is known handed over to its end, or None while it has records
+        left, and when their broker was last heard again after a silence (see
         :meth:`streams._join_state.PartitionState.advance` for what the clocks make of them)."""
         return {
             partition: (await self._read_to_end(self.topics.decisions, partition),
-                        await self._read_to_end(self.topics.rewards, partition))
+                        await self._read_to_end(self.topics.rewards, partition),
+                        self._resumed(partition))
             for partition in self.parts
         }  # fmt: skip
+
+    def _resumed(self, partition: int) -> float | None:
+        times = [t for t in (self.reader.resumed_at(self.topics.decisions, partition),
+                             self.reader.resumed_at(self.topics.rewards, partition)) if t is not None]  # fmt: skip
+        return max(times) if times else None
 
     async def _read_to_end(self, topic: str, partition: int) -> int | None:
         """The wall time (ms) up to which this partition is known handled to its end, or

@@ -104,14 +104,18 @@ def test_a_partition_is_read_to_its_end_only_up_to_the_last_answer_of_its_broker
 
         before = read_for(3.0)
         assert before is not None and before > time.time() * 1000 - 1500  # read to its end, just now
+        assert reader.resumed_at("ends.decisions", 0) is None or reader.resumed_at("ends.decisions", 0) < before
         broker.freeze()
         try:
             frozen = read_for(3.0)
         finally:
             broker.thaw()
+            thawed = time.time() * 1000
         assert frozen is not None and frozen < before + 1000  # not past the broker's last answer
         after = read_for(2.0)
         assert after is not None and after > time.time() * 1000 - 1500  # heard again: read to its end again
+        resumed = reader.resumed_at("ends.decisions", 0)  # and it knows when: quiet counts from there
+        assert resumed is not None and thawed - 50 <= resumed <= time.time() * 1000, (resumed, thawed)
 
         broker.kill()
         assert read_for(2.0) is None  # no broker: nothing known read

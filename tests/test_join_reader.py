@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 
 from confluent_kafka import KafkaError, Producer
@@ -152,3 +153,31 @@ def test_rewards_read_to_their_end_but_still_held_are_not_handled(kafka, topics)
         assert reader.complete_at(topics.rewards, 2, 3) is not None  # every reward handled
     finally:
         reader.close()
+
+
+def test_a_broker_heard_again_after_a_silence_marks_when_it_came_back():
+    """librdkafka's statistics report each broker's time since it last received (rxidle): over
+    the silence limit (or not connected: -1) the broker is away; the first report after that
+    in which it answered again sets the partitions' resumed time (the answer's wall time)."""
+    reader = SourceReader.__new__(SourceReader)  # only the statistics handling: no consumer
+    reader.contact, reader.resumed, reader._silent, reader.silence_ms = {}, {}, set(), 1000.0
+
+    def report(idle_ms: float) -> None:
+        broker = {"nodeid": 1, "rxidle": int(idle_ms * 1000),
+                  "toppars": {"d-0": {"topic": "d", "partition": 0}, "r-0": {"topic": "r", "partition": 0}}}
+        reader._stats(json.dumps({"brokers": {"b1": broker, "bootstrap": {"nodeid": -1, "rxidle": 5}}}))
+
+    report(100)
+    assert reader.resumed_at("d", 0) is None and reader.contact[("d", 0)] > 0  # answering: never away
+    report(600)
+    report(4_000)  # silent for 4 s
+    assert reader.resumed_at("r", 0) is None
+    before = time.time() * 1000
+    report(50)  # heard again, 50 ms ago
+    back = reader.resumed_at("r", 0)
+    assert back is not None and before - 100 <= back <= time.time() * 1000 and reader.resumed_at("d", 0) == back
+    report(80)
+    assert reader.resumed_at("r", 0) == back  # only a new silence moves it
+    reader._stats(json.dumps({"brokers": {"b1": {"nodeid": 1, "rxidle": -1, "toppars": {}}}}))  # disconnected
+    report(20)
+    assert reader.resumed_at("r", 0) > back

@@ -438,6 +438,32 @@ def test_a_quiet_partition_follows_the_wall_clock_from_its_newest_event_after_th
     db.close()
 
 
+def test_a_broker_away_is_no_quiet_the_wall_clock_counts_from_its_return(tmp_path):
+    """Read at T0, then the broker froze for 15 s and is heard again at T0 + 15 s: the
+    partition is read to its end right after that, but the records its producers held
+    meanwhile (stamped T0..T0 + 15 s) are only now reaching it. Counting the freeze as quiet
+    would jump both clocks 15 s and fire defaults for their decisions the moment they are read
+    (the memory-storage soak: 1,054 decisions learned as default around two freezes)."""
+    core, db = join_core(), open_db(tmp_path / "db")
+    part = PartitionState(0, db, core.domains, 1000)
+    margin = int(JoinOptions().in_flight_margin_s * 1000)
+    part.handled("decisions", 0)
+    part.observe(True, T0)
+    part.batch_read(T0)
+    back = T0 + 15_000
+    part.advance(back + 200, back + 200, margin, resumed_ms=back)  # read to its end 0.2 s after the return
+    assert part.reward_clock == part.decision_clock == T0  # no quiet yet: within the margin of the return
+    part.advance(back + margin + 300, back + margin + 300, margin, resumed_ms=back)
+    assert part.reward_clock == part.decision_clock == T0 + 300  # quiet counted from the return only
+    without = PartitionState(1, db, core.domains, 1000)  # the same reads, the outage not known
+    without.handled("decisions", 0)
+    without.observe(True, T0)
+    without.batch_read(T0)
+    without.advance(back + 200, back + 200, margin)
+    assert without.reward_clock == T0 + 15_000 + 200 - margin  # what the outage would have cost
+    db.close()
+
+
 def test_the_clocks_are_stored_and_a_restart_starts_from_them(tmp_path):
     core, db = join_core(), open_db(tmp_path / "db")
     part = PartitionState(0, db, core.domains, 1000)
