@@ -313,7 +313,7 @@ class _Demo:
             domains[name] = {
                 "policy": self.o.policy,
                 "params": params,
-                "features": {"dimension": 32, "normalize": False, "shared": shared, "interactions": shared},
+                "features": {"dimension": 128, "normalize": False, "shared": shared, "interactions": shared},
                 "reward": {"expression": log.env.reward_expression, "window_s": self.o.window_s, "default_reward": 0.0},
             }
         tree = {

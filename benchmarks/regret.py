@@ -17,15 +17,15 @@ Protocol, per environment, seed and batch size B:
 Learners (contexts z are the environment's raw features; each learner gets them the way its
 library expects them):
 
-- **ours**: a domain declared with defaults, ``DomainSettings()``: LinTS (v=1, 64 draws, floor
-  eps0=0.05, ridge prior strength 1) over the default features (z sent as named numeric
-  features ``{"numeric": {"x0": ..}}``, hashed into 64 slots with an intercept, z-scored by the
-  running normaliser). It decides as the SDK does (``encoder.action_matrix``, then
+- **ours**: a domain declared with defaults, ``DomainSettings()``: ``lin_igw`` (inverse-gap
+  weighting over UCB scores: alpha=1, gamma_t = 300 sqrt(t), no floor, ridge prior strength 1)
+  over the default features (z sent as named numeric features ``{"numeric": {"x0": ..}}``,
+  hashed into 64 slots with an intercept, z-scored by the running normaliser). It decides as the SDK does (``encoder.action_matrix``, then
   ``policy.probabilities``) and learns as the join and learner do (each row encoded with the
   normaliser as it stands, then observed; one ``update_batch``). This is the headline.
-- **our LinUCB**, **our LinTS**, **our IGW** (``lin_igw``: inverse-gap weighting, SquareCB, over
-  the same per-arm ridge models): the policies with default parameters on the dense row (1, z),
-  no hashing or normalising: what the policy alone does, and which of ours is best.
+- **our LinUCB**, **our LinTS** (floor eps0=0.05, their default), **our IGW** (``lin_igw``, the
+  default policy): the policies with default parameters on the dense row (1, z), no hashing or
+  normalising: what the policy alone does, and what the default features cost.
 - **MABWiser** LinUCB and LinTS (defaults: alpha=1, l2_lambda=1) on (1, z), since it fits no
   intercept of its own; it predicts a whole frozen segment in one call and learns by
   ``partial_fit``; a new arm joins by ``add_arm``.

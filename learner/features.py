@@ -41,6 +41,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import logging
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -64,6 +65,23 @@ _PHI = np.uint64(0x9E3779B97F4A7C15)
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
 _M2 = np.uint64(0x94D049BB133111EB)
 _CACHE_LIMIT = 1 << 18
+
+log = logging.getLogger(__name__)
+
+
+def expected_colliding_pairs(keys: int, slots: int) -> float:
+    """Expected number of pairs among ``keys`` distinct keys hashed uniformly into ``slots``
+    slots that share a slot: ``keys * (keys - 1) / (2 * slots)``."""
+    return keys * (keys - 1) / (2.0 * slots)
+
+
+def dimension_for(keys: int, pairs: float = 0.1, intercept: bool = True) -> int:
+    """The smallest power-of-two ``dimension`` that hashes ``keys`` keys with at most
+    ``pairs`` expected colliding pairs."""
+    dimension = 2
+    while expected_colliding_pairs(keys, dimension - int(intercept)) > pairs:
+        dimension *= 2
+    return dimension
 
 
 @dataclass(frozen=True)
@@ -295,6 +313,10 @@ class FeatureEncoder:
         self._m = config.dimension - self._offset
         self._key = config.seed.to_bytes(8, "little")
         self._cache: dict[str, tuple[int, int, float]] = {}
+        #: distinct keys hashed so far (exact until the digest cache is first cleared), and
+        #: whether the collision warning was given (once per encoder)
+        self._distinct_keys = 0
+        self._collisions_warned = False
         #: per namespace, numeric feature name -> (normaliser name, digest, slot, sign)
         self._numeric: dict[str, dict[str, tuple[str, int, int, float]]] = {"c": {}, "a": {}}
         self._bare_actions: dict[str | None, _Record] = {}
@@ -327,7 +349,22 @@ class FeatureEncoder:
             digest = hashlib.blake2b(key.encode("utf-8"), digest_size=8, key=self._key, person=_PERSON).digest()
             h = int.from_bytes(digest, "little")
             hit = self._cache[key] = (h, self._offset + h % self._m, -1.0 if h >> 63 else 1.0)
+            self._distinct_keys += 1
+            if not self._collisions_warned and expected_colliding_pairs(self._distinct_keys, self._m) >= 1.0:
+                self._warn_collisions()
         return hit
+
+    def _warn_collisions(self) -> None:
+        """Once: the keys seen so far make a shared slot more likely than not (>= 1 expected
+        colliding pair, P(any) ~ 63 %). Colliding features add into one weight."""
+        self._collisions_warned = True
+        n, m = self._distinct_keys, self._m
+        log.warning(
+            "features.dimension %d hashes %d distinct feature keys (so far) into %d slots: about %.1f pairs "
+            "are expected to share a slot, adding their features together; dimension %d would keep that "
+            "under 0.1 (at a cost: per-arm models grow with dimension squared)",
+            self.config.dimension, n, m, expected_colliding_pairs(n, m), dimension_for(n, intercept=self.config.intercept),
+        )
 
     def _numeric_key(self, ns: str, name: str) -> tuple[str, int, int, float]:
         """(normaliser name, digest, slot, sign) of numeric feature ``name`` in namespace ns."""

@@ -142,6 +142,27 @@ def test_collisions_cancel_in_expectation_through_the_signs():
     assert abs(ones.sum()) < 4 * np.sqrt(2000)  # without signs it would be exactly 2000
 
 
+
+def test_the_encoder_warns_once_with_numbers_when_collisions_become_likely(caplog):
+    """63 hashed slots: 11 keys give 55 / 63 = 0.87 expected colliding pairs, 12 give 66 / 63 =
+    1.05, the first count at which a shared slot is more likely than not; 1024 slots hold 12
+    keys at 66 / 1023 = 0.065 pairs, 512 would not (0.13)."""
+    encoder = FeatureEncoder(FeatureConfig(dimension=64, normalize=False))
+    with caplog.at_level("WARNING", logger="learner.features"):
+        encoder.context_vector({"numeric": {f"x{i}": 1.0 for i in range(11)}})
+        assert caplog.records == []
+        encoder.context_vector({"numeric": {f"x{i}": 1.0 for i in range(12)}})
+        encoder.context_vector({"numeric": {f"y{i}": 1.0 for i in range(40)}})  # more keys: no second warning
+    [record] = caplog.records
+    message = record.getMessage()
+    assert "features.dimension 64 hashes 12 distinct feature keys" in message and "63 slots" in message
+    assert "about 1.0 pairs" in message and "dimension 1024" in message
+    assert learner.features.dimension_for(12) == 1024 and learner.features.expected_colliding_pairs(12, 511) > 0.1
+    roomy = FeatureEncoder(FeatureConfig(dimension=1024, normalize=False))
+    with caplog.at_level("WARNING", logger="learner.features"):
+        roomy.context_vector({"numeric": {f"x{i}": 1.0 for i in range(12)}})
+    assert len(caplog.records) == 1  # still only the first encoder's
+
 # --- normalisation ---------------------------------------------------------------------------------
 
 
