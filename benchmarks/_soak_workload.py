@@ -63,13 +63,13 @@ def domain_tree(window_s: float, seed: int) -> dict[str, dict]:
     return {
         "llm_routing": {
             "policy": "lin_ts", "params": {"v": 0.3, "eps0": 0.02, "seed": seed},
-            "features": {"dimension": 16, "normalize": False},
+            "features": {"dimension": 32, "normalize": False},
             "reward": {"expression": routing.reward_expression, "window_s": window_s, "default_reward": 0.0,
                        "aggregate": "sum"},
         },
         "support_templates": {
             "policy": "shared_lin_ts", "params": {"v": 0.3, "eps0": 0.02, "seed": seed + 1},
-            "features": {"dimension": 32, "normalize": False, "shared": True, "interactions": True},
+            "features": {"dimension": 64, "normalize": False, "shared": True, "interactions": True},
             "reward": {"expression": templates.reward_expression, "window_s": window_s, "default_reward": -0.1,
                        "aggregate": "max"},
         },

@@ -293,12 +293,13 @@ def test_optimistic_igw_takes_its_gaps_between_ucb_scores_checked_by_hand():
     give c the least (its prediction, 0, is the lowest)."""
     from learner.policies import LinIGW
 
-    policy = LinIGW(dim=1, alpha=1.0, gamma_scale=2.0, gamma_exponent=0.0, prior_strength=1.0)
+    policy = LinIGW(dim=1, alpha=1.0, gamma_scale=2.0, gamma_exponent=0.0, eps0=0.0, prior_strength=1.0)
     policy.update_batch(np.ones((3, 1)), ["a", "a", "b"], [1.0, 1.0, 0.5])
     choice = policy.probabilities(np.ones((3, 1)), ["a", "b", "c"], rng=0)
     np.testing.assert_allclose(choice.probabilities, [0.433493, 0.279813, 0.286694], atol=1e-6)
-    assert policy.eps0 == 0.0 and choice.probabilities.min() > 0  # no floor needed: every candidate > 0
-    plain = LinIGW(dim=1, alpha=0.0, gamma_scale=2.0, gamma_exponent=0.0, prior_strength=1.0)
+    assert choice.probabilities.min() > 0  # without a floor, every candidate > 0 all the same
+    assert LinIGW(dim=1).eps0 == 0.01  # the default floor, for off-policy evaluation
+    plain = LinIGW(dim=1, alpha=0.0, gamma_scale=2.0, gamma_exponent=0.0, eps0=0.0, prior_strength=1.0)
     plain.update_batch(np.ones((3, 1)), ["a", "a", "b"], [1.0, 1.0, 0.5])
     p = plain.probabilities(np.ones((3, 1)), ["a", "b", "c"], rng=0).probabilities
     assert p[2] < p[1] < p[0]
