@@ -19,7 +19,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
 
 from banditstream.config import Settings
 from streams.client import EventProducer
@@ -156,7 +156,12 @@ def read_topic(kafka: KafkaSettings, topic: str, serde_name: str, *, expect: int
     """
     serde = AvroSerde(serde_name, framing="single_object", max_payload_bytes=8_000_000)
     consumer = Consumer(kafka.consumer_config(f"reader-{topic}-{time.monotonic_ns()}", **{"enable.partition.eof": False}))
-    consumer.subscribe([topic])
+    described = consumer.list_topics(topic, timeout=10).topics.get(topic)
+    if described is not None and described.error is None and described.partitions:
+        # every partition from the start, without a group join (which takes seconds)
+        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in sorted(described.partitions)])
+    else:  # not created yet: the group assigns it once it exists
+        consumer.subscribe([topic])
     if until is None:
         def until(records):
             return expect is None or len(records) >= expect

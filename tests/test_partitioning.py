@@ -9,7 +9,7 @@ import time
 import uuid
 
 import pytest
-from confluent_kafka import Consumer, Producer
+from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 
 from streams.partitioning import key_partition, murmur2, murmur2_reference
 from streams.topics import ensure_topics
@@ -56,7 +56,8 @@ def test_keys_land_where_key_partition_says(kafka, partitioner):
         producer.produce(topic, value=b"x", key=key)
     assert producer.flush(30) == 0
     consumer = Consumer(kafka.consumer_config(f"placement-{topic}"))
-    consumer.subscribe([topic])
+    # assigned, not subscribed: a group join waited up to 30 s for a rebalance here
+    consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(7)])
     placed = {}
     deadline = time.monotonic() + 30
     while len(placed) < len(keys) and time.monotonic() < deadline:
