@@ -126,6 +126,8 @@ class SourceReader:
         #: ``fetch_wait_ms`` is a silence, not a quiet partition.
         self.silence_ms = max(1000.0, 3.0 * fetch_wait_ms)
         self._silent: set[int] = set()  # node ids silent at the last statistics report
+        #: (topic, partition) -> wall ms its broker was last heard before its latest silence.
+        self.silenced: dict[tuple[str, int], float] = {}
         self.generation = 0
         self._paused: set[int] = set()
         self._lock = threading.Lock()  # assign() on the event loop, read() on the reading thread
@@ -215,7 +217,12 @@ class SourceReader:
                 continue
             toppars = [(t["topic"], t["partition"]) for t in broker.get("toppars", {}).values()]
             if idle_us is None or idle_us < 0 or idle_us / 1000.0 > self.silence_ms:
-                self._silent.add(node)  # away, or not connected (yet)
+                if node not in self._silent:  # away, or not connected (yet): since it was last heard
+                    self._silent.add(node)
+                    for key in toppars or list(self.contact):
+                        heard = self.contact.get(key)
+                        if heard is not None:
+                            self.silenced[key] = heard
                 if idle_us is None or idle_us < 0:
                     continue
             elif node in self._silent:
@@ -226,6 +233,15 @@ class SourceReader:
             for key in toppars:
                 contact[key] = heard
         self.contact = contact
+
+    def outage(self, topic: str, partition: int) -> tuple[float, float | None] | None:
+        """The partition's latest broker silence: ``(last heard before it, heard again at)``,
+        the second None while it lasts; None if its broker was never silent once heard."""
+        silenced = self.silenced.get((topic, partition))
+        if silenced is None:
+            return None
+        resumed = self.resumed.get((topic, partition))
+        return silenced, resumed if resumed is not None and resumed >= silenced else None
 
     def resumed_at(self, topic: str, partition: int) -> float | None:
         """Wall ms the partition's broker was last heard again after a silence (None: never

@@ -295,6 +295,9 @@ class PartitionState:
         #: each topic's newest event time in the batch being read, and per topic the
         #: (wall ms handed over, newest event time) of batches not yet settled (:meth:`advance`).
         self.last_read = time.time() * 1000.0
+        #: While set, no clock moves past this event time (ms): a broker away, and the margin
+        #: after it answers again (set by the worker: ``streams.join``, ``_cap_clocks``).
+        self.clock_cap: float | None = None
         self._batch_newest = {True: NEVER, False: NEVER}
         self._batch_oldest = {True: _LATEST, False: _LATEST}
         #: per topic (True: decisions): (wall ms, event time) of the newest record handed
@@ -501,6 +504,8 @@ class PartitionState:
             self._raise(clock, unsettled.popleft()[1])
 
     def _raise(self, clock: str, value: int) -> None:
+        if self.clock_cap is not None and value > self.clock_cap:
+            value = int(self.clock_cap)
         if value > getattr(self, clock):
             setattr(self, clock, value)
             self._meta_dirty = True

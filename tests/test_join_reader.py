@@ -161,6 +161,7 @@ def test_a_broker_heard_again_after_a_silence_marks_when_it_came_back():
     in which it answered again sets the partitions' resumed time (the answer's wall time)."""
     reader = SourceReader.__new__(SourceReader)  # only the statistics handling: no consumer
     reader.contact, reader.resumed, reader._silent, reader.silence_ms = {}, {}, set(), 1000.0
+    reader.silenced = {}
 
     def report(idle_ms: float) -> None:
         broker = {"nodeid": 1, "rxidle": int(idle_ms * 1000),
@@ -169,13 +170,17 @@ def test_a_broker_heard_again_after_a_silence_marks_when_it_came_back():
 
     report(100)
     assert reader.resumed_at("d", 0) is None and reader.contact[("d", 0)] > 0  # answering: never away
+    assert reader.outage("r", 0) is None
     report(600)
+    heard = reader.contact[("r", 0)]
     report(4_000)  # silent for 4 s
     assert reader.resumed_at("r", 0) is None
+    assert reader.outage("r", 0) == (heard, None)  # away since it was last heard, and still
     before = time.time() * 1000
     report(50)  # heard again, 50 ms ago
     back = reader.resumed_at("r", 0)
     assert back is not None and before - 100 <= back <= time.time() * 1000 and reader.resumed_at("d", 0) == back
+    assert reader.outage("d", 0) == (heard, back)
     report(80)
     assert reader.resumed_at("r", 0) == back  # only a new silence moves it
     reader._stats(json.dumps({"brokers": {"b1": {"nodeid": 1, "rxidle": -1, "toppars": {}}}}))  # disconnected

@@ -464,6 +464,29 @@ def test_a_broker_away_is_no_quiet_the_wall_clock_counts_from_its_return(tmp_pat
     db.close()
 
 
+def test_no_clock_passes_the_cap_an_outage_sets_until_it_is_lifted(tmp_path):
+    """After a freeze, one producer's batch stamped 19 s into it can be read before another's
+    stamped at its start: the cap (the last time the broker was heard, less the margin) holds
+    both clocks, so no window closes on rewards still on their way; lifted, they move again."""
+    core, db = join_core(), open_db(tmp_path / "db")
+    part = PartitionState(0, db, core.domains, 1000)
+    part.handled("rewards", 0)
+    part.observe(False, T0)
+    part.batch_read(T0)
+    assert part.reward_clock == T0
+    part.clock_cap = T0 + 200.0  # heard last at T0 + 1.2 s, margin 1 s
+    part.observe(False, T0 + 19_000)  # the first producer's held batch
+    part.batch_read(T0 + 20_000)
+    assert part.reward_clock == T0 + 200
+    part.advance(T0 + 40_000, T0 + 40_000, 1000)  # read to both ends, quiet for long: still capped
+    assert part.reward_clock == part.decision_clock == T0 + 200
+    part.clock_cap = None
+    part.observe(False, T0 + 19_500)
+    part.batch_read(T0 + 21_000)
+    assert part.reward_clock == T0 + 19_500
+    db.close()
+
+
 def test_the_clocks_are_stored_and_a_restart_starts_from_them(tmp_path):
     core, db = join_core(), open_db(tmp_path / "db")
     part = PartitionState(0, db, core.domains, 1000)
