@@ -87,6 +87,18 @@ class RewardHold:
         self.decisions_at.clear()
 
 
+def _report_wall_ms(ts_us: Any) -> float:
+    """Wall ms at which librdkafka wrote a statistics report, from its ``ts`` (its monotonic
+    clock, CLOCK_MONOTONIC in us, as Python's on Linux): a report waits in the queue until
+    the next poll, and its ``rxidle`` counts to when it was written, not to when it is read."""
+    now = time.time() * 1000.0
+    if isinstance(ts_us, (int, float)):
+        age_ms = (time.monotonic() * 1e6 - ts_us) / 1000.0
+        if 0.0 <= age_ms < 3_600_000.0:
+            return now - age_ms
+    return now
+
+
 class SourceReader:
     """The join's source partitions, read by a librdkafka consumer assigned by hand.
 
@@ -126,6 +138,7 @@ class SourceReader:
         #: ``fetch_wait_ms`` is a silence, not a quiet partition.
         self.silence_ms = max(1000.0, 3.0 * fetch_wait_ms)
         self._silent: set[int] = set()  # node ids silent at the last statistics report
+        self._last_heard: dict[int, float] = {}  # node id -> wall ms, as of the last report
         #: (topic, partition) -> wall ms its broker was last heard before its latest silence.
         self.silenced: dict[tuple[str, int], float] = {}
         self.generation = 0
@@ -205,18 +218,19 @@ class SourceReader:
         each partition's leader last answered. An empty poll proves nothing while the broker
         is away (restarting, frozen, unreachable): records produced meanwhile wait in their
         producers, so a partition is read to its end only up to the last answer heard."""
-        now = time.time() * 1000.0
         try:
-            brokers = json.loads(report).get("brokers", {})
+            stats = json.loads(report)
         except ValueError:
             return
+        now = _report_wall_ms(stats.get("ts"))
         contact = {}
-        for broker in brokers.values():
+        for broker in stats.get("brokers", {}).values():
             node, idle_us = broker.get("nodeid", -1), broker.get("rxidle", -1)
             if node < 0:
                 continue
             toppars = [(t["topic"], t["partition"]) for t in broker.get("toppars", {}).values()]
-            if idle_us is None or idle_us < 0 or idle_us / 1000.0 > self.silence_ms:
+            away = idle_us is None or idle_us < 0 or idle_us / 1000.0 > self.silence_ms
+            if away:
                 if node not in self._silent:  # away, or not connected (yet): since it was last heard
                     self._silent.add(node)
                     for key in toppars or list(self.contact):
@@ -225,11 +239,19 @@ class SourceReader:
                             self.silenced[key] = heard
                 if idle_us is None or idle_us < 0:
                     continue
-            elif node in self._silent:
-                self._silent.discard(node)
-                for key in toppars:  # heard again: records its producers held meanwhile come now
-                    self.resumed[key] = now - idle_us / 1000.0
             heard = now - idle_us / 1000.0
+            before = self._last_heard.get(node)
+            if not away and (node in self._silent or (before is not None and heard - before > self.silence_ms)):
+                # heard again after a silence; or no report for longer than one (this thread did
+                # not poll), which cannot tell a broker away from one that answered: count it
+                # as away (only ever later clocks)
+                if node not in self._silent:
+                    for key in toppars:
+                        self.silenced[key] = before
+                self._silent.discard(node)
+                for key in toppars:  # records its producers held meanwhile come now
+                    self.resumed[key] = heard
+            self._last_heard[node] = heard
             for key in toppars:
                 contact[key] = heard
         self.contact = contact

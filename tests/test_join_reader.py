@@ -161,7 +161,7 @@ def test_a_broker_heard_again_after_a_silence_marks_when_it_came_back():
     in which it answered again sets the partitions' resumed time (the answer's wall time)."""
     reader = SourceReader.__new__(SourceReader)  # only the statistics handling: no consumer
     reader.contact, reader.resumed, reader._silent, reader.silence_ms = {}, {}, set(), 1000.0
-    reader.silenced = {}
+    reader.silenced, reader._last_heard = {}, {}
 
     def report(idle_ms: float) -> None:
         broker = {"nodeid": 1, "rxidle": int(idle_ms * 1000),
@@ -186,3 +186,13 @@ def test_a_broker_heard_again_after_a_silence_marks_when_it_came_back():
     reader._stats(json.dumps({"brokers": {"b1": {"nodeid": 1, "rxidle": -1, "toppars": {}}}}))  # disconnected
     report(20)
     assert reader.resumed_at("r", 0) > back
+    # no report for 5 s (the reading thread did not poll): it cannot tell, so it counts as away
+    gap_start = reader._last_heard[1] = time.time() * 1000 - 5_000
+    report(30)
+    silenced, resumed = reader.outage("d", 0)
+    assert silenced == gap_start and resumed >= gap_start + 4_900
+    # a report written 2 s before it is read: rxidle counts to when it was written (its ts)
+    stale = {"ts": int(time.monotonic() * 1e6) - 2_000_000,
+             "brokers": {"b1": {"nodeid": 1, "rxidle": 10_000, "toppars": {"d-0": {"topic": "d", "partition": 0}}}}}
+    reader._stats(json.dumps(stale))
+    assert abs(reader.contact[("d", 0)] - (time.time() * 1000 - 2_010)) < 100
