@@ -37,8 +37,8 @@ class LinIGW(LinearPolicy):
 
     Parameters: ``alpha`` (>= 0, default 1), ``gamma_scale`` (> 0, default 300) and
     ``gamma_exponent`` (>= 0, default 0.5), the defaults chosen by ``benchmarks/regret.py``
-    (``eps0`` 0.01, above)
-    (Vowpal Wabbit's ``--squarecb`` uses 10 and 0.5 with ``alpha = 0``); ``refactor_every``,
+    (Vowpal Wabbit's ``--squarecb`` uses 10 and 0.5 with ``alpha = 0``); ``eps0`` (default
+    0.01, above); ``refactor_every``,
     ``intercept_index`` (see :class:`~learner.policies._linear.LinearPolicy`); ``dim``,
     ``eps0``, ``gamma``, ``prior_mean``, ``prior_strength``, ``arm_priors``, ``seed`` (see
     :class:`~learner.policies.base.Policy`).
