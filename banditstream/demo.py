@@ -357,7 +357,7 @@ class _Demo:
         ensure_topics(self.kafka, self.topics)
         for name in ("join", "learn", "publish"):
             self.workers.start(name, config_path)
-        repository = f"s3://banditstream-demo/snapshots" if self.o.s3 else str(self.workdir / "snapshots")
+        repository = "s3://banditstream-demo/snapshots" if self.o.s3 else str(self.workdir / "snapshots")
         deciders = self.deciders
         sources: dict[str, PulledSnapshots] = {}
         for i, name in enumerate(self.o.domains):

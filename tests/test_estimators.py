@@ -32,7 +32,6 @@ from learner.evaluation import (
     Ridge,
     SharedModel,
     SwitchDR,
-    Terms,
     bernstein_interval,
     bootstrap_distribution,
     bootstrap_interval,

@@ -12,7 +12,6 @@ import random
 import signal
 import time
 
-from confluent_kafka import Consumer
 
 from streams.join import Failpoint
 from streams.topics import ensure_topics

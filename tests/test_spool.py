@@ -6,11 +6,8 @@ import os
 import random
 import signal
 import subprocess
-import sys
 import time
 from collections import Counter
-
-import pytest
 
 from banditstream.decider import Decider
 from banditstream.devstack import find_binary
