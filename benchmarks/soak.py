@@ -2,10 +2,12 @@
 
 What runs (all real, all on loopback, all stopped at the end):
 
-- the S3 server (SeaweedFS) and a Tansu broker keeping its log in a bucket there, so the
-  broker can be killed and restarted without losing topics, records or group offsets (see
-  :mod:`benchmarks._soak_stack` for what was measured); ``--storage memory`` uses Tansu's
-  memory storage, whose restart loses everything, and freezes the broker instead;
+- a Tansu broker on its memory storage (the default, the storage INFRA.md supports), whose
+  restart would lose everything, so the broker is frozen (SIGSTOP, 10-20 s) instead; or with
+  ``--storage s3`` the S3 server (SeaweedFS) and a Tansu keeping its log in a bucket there,
+  killed and restarted (see :mod:`benchmarks._soak_stack` for what was measured: after a
+  restart that storage hands out offsets from 0 again, which no Kafka broker does, and the
+  workers then skip the records written at offsets they had passed);
 - the join, learner and publisher, each a ``banditstream`` process (:class:`banditstream.workers.WorkerProcesses`);
 - this process: the producers, a reader of the updates, dead-letter and posterior topics,
   the fault injector and the checks.
@@ -146,7 +148,7 @@ class Options:
     backlog: int | None = None  # default: a sixth of the live pairs, at most 20,000
     partitions: int = 4
     block_size: int = 256
-    storage: str = "s3"  # s3 (broker restarts) or memory (broker freezes)
+    storage: str = "memory"  # memory (broker freezes) or s3 (broker restarts)
     #: The join's ``in_flight_margin_s``: how late a record may reach the broker's log after its
     #: producer stamped it. Default: the join's own (1 s) on memory storage; 5 s on S3 storage,
     #: whose acknowledgements take up to ~2.5 s (p99) and ~5 s (max) under the soak's load.
@@ -1378,7 +1380,7 @@ def parse_args(argv: list[str] | None = None) -> Options:
     parser.add_argument("--backlog", type=int, default=None, help="pairs stamped an hour ago, produced first (default: a sixth of the live pairs, <= 20,000)")
     parser.add_argument("--partitions", type=int, default=4, help="partitions of every topic (default 4)")
     parser.add_argument("--block-size", type=int, default=256, help="the learner's block size (default 256)")
-    parser.add_argument("--storage", choices=("s3", "memory"), default="s3", help="broker storage: s3 (restarts) or memory (freezes)")
+    parser.add_argument("--storage", choices=("memory", "s3"), default="memory", help="broker storage: memory (freezes, the default) or s3 (restarts)")
     parser.add_argument("--in-flight-margin", type=float, default=None,
                         help="the join's in_flight_margin_s (default: 1 s on memory storage, 5 s on S3 storage)")
     parser.add_argument("--settle", type=float, default=15.0, help="seconds without progress before the end checks give up waiting")
