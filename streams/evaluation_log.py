@@ -12,6 +12,7 @@ reading never stops for one.
 
 from __future__ import annotations
 
+import gc
 import time
 import uuid
 from datetime import datetime
@@ -86,34 +87,46 @@ def read_updates(
     report = ReadReport()
     kept: list[dict[str, Any]] = []
     open_partitions = set(partitions)
+    whole = log_range.since_ms is None and log_range.until_ms is None
+    # Reading builds a long list of new dicts and frees nothing: every collection the cyclic
+    # GC runs meanwhile scans them all again for no garbage (a fifth of the time at 200k rows).
+    collecting = gc.isenabled()
+    gc.disable()
     try:
         while open_partitions:
             if time.monotonic() - started > timeout_s:
                 raise TimeoutError(f"{topic}: partitions {sorted(open_partitions)} not read to their end in {timeout_s:.0f} s")
             messages = consumer.consume(10_000, 0.1)
-            values = []
-            for message in messages:
-                error = message.error()
-                if error is not None:
+            values = [message.value() or b"" for message in messages if message.error() is None]
+            if len(values) < len(messages):  # partition ends, and errors
+                for message in messages:
+                    error = message.error()
+                    if error is None:
+                        continue
                     if error.code() == KafkaError._PARTITION_EOF:
                         open_partitions.discard(message.partition())
                         report.ends[message.partition()] = message.offset()
-                        continue
-                    if error.fatal():
+                    elif error.fatal():
                         raise RuntimeError(f"reading {topic}: {error}")
-                    continue
-                values.append(message.value() or b"")
             report.records += len(values)
-            for update in serde.decode_batch(values):
-                if isinstance(update, DecodeError):
-                    report.undecodable += 1
-                elif log_range.keeps(update):
-                    kept.append(update)
-                else:
-                    report.out_of_range += 1
+            decoded = serde.decode_batch(values)
+            if whole:  # (no per-row call: most reads take the whole log)
+                good = [update for update in decoded if not isinstance(update, DecodeError)]
+                report.undecodable += len(decoded) - len(good)
+                kept += good
+            else:
+                for update in decoded:
+                    if isinstance(update, DecodeError):
+                        report.undecodable += 1
+                    elif log_range.keeps(update):
+                        kept.append(update)
+                    else:
+                        report.out_of_range += 1
             if progress is not None:
                 progress(report.records)
     finally:
+        if collecting:
+            gc.enable()
         consumer.close()
     report.kept = len(kept)
     report.seconds = time.monotonic() - started

@@ -4,6 +4,7 @@ LoggedBandit arrays over one action universe."""
 
 from __future__ import annotations
 
+import gc
 import random
 import time
 import uuid
@@ -86,6 +87,11 @@ def test_the_updates_topic_is_read_back_in_a_time_range_past_records_that_do_not
     assert sorted(u["event_id"] for u in kept) == [u["event_id"] for u in rows[1000:2500]]
     log = LoggedBandit.from_updates(kept)
     assert len(log) == 1500 and log.decision_time[0] == T0 + 1000
+
+    everything, whole = read_updates(kafka, topics.updates, serde, progress=seen.append)  # no range: the fast path
+    assert whole.records == 3005 and whole.undecodable == 5 and whole.kept == 3000 and whole.out_of_range == 0
+    assert sorted(u["event_id"] for u in everything) == [u["event_id"] for u in rows] and seen[-1] == 3005
+    assert gc.isenabled()  # reading turns the collector off and back on
 
     path = tmp_path / "updates.avro"
     with open(path, "wb") as handle:
