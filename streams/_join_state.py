@@ -81,6 +81,13 @@ So nothing is finalised before every reward stamped in its window that was produ
 is read - also after a restart, which resumes the stored clocks and reads the held records
 again before any clock can pass them. A reward more than the grace out of order, or stamped
 more than ``max_clock_skew_s`` before its decision, is refused with its reason.
+
+Broker outages break the in-order assumption: producers hold their records while the broker
+is away and send them when it returns, out of event-time order by up to the outage's length.
+A worker that sees the outage caps its clocks (``clock_cap``, set by ``streams.join``); a
+worker that starts (or is assigned the partition) after one cannot know of it, so nothing
+fires on a partition until its rewards were read to their end once since it was loaded, and
+no early reward gives up until its decisions were (``catch_up_hold_max`` bounds the wait).
 """
 
 from __future__ import annotations
@@ -162,6 +169,13 @@ class JoinOptions:
     reward_lead_s: float = 0.0
     #: Rewards waiting so per partition before the partition's fetching pauses.
     rewards_held_max: int = 20_000
+    #: After a start (or an assignment) a partition's defaults wait until its rewards were read
+    #: to their end once, and its early rewards until its decisions were: the log read back
+    #: may hold the aftermath of an outage this worker never saw (producers' held records,
+    #: out of event-time order by up to the outage's length), which no in-flight margin
+    #: covers. Past this many waiting decisions the partition fires by its clocks anyway
+    #: (a backlog too long to hold); 0 never waits.
+    catch_up_hold_max: int = 200_000
     #: Wall-clock sweeper period, seconds.
     sweep_interval_s: float = 0.5
     #: Distinct rewards kept per decision; more are dead-lettered (``too_many_rewards``).
@@ -213,7 +227,7 @@ class JoinOptions:
 #: Join options for which 0 means something (no cache, no margin, no memory of done markers).
 _MAY_BE_ZERO = frozenset(
     ("entry_cache", "done_retention_s", "max_clock_skew_s", "in_flight_margin_s", "max_waiting_events", "reward_lead_s",
-     "grace_s")
+     "grace_s", "catch_up_hold_max")
 )
 
 
@@ -298,6 +312,9 @@ class PartitionState:
         #: While set, no clock moves past this event time (ms): a broker away, and the margin
         #: after it answers again (set by the worker: ``streams.join``, ``_cap_clocks``).
         self.clock_cap: float | None = None
+        #: This session only: whether the rewards (True: the decisions) were read to their end
+        #: since the partition was loaded (see ``JoinOptions.catch_up_hold_max``).
+        self.caught_up = {True: False, False: False}
         self._batch_newest = {True: NEVER, False: NEVER}
         self._batch_oldest = {True: _LATEST, False: _LATEST}
         #: per topic (True: decisions): (wall ms, event time) of the newest record handed
@@ -483,8 +500,10 @@ class PartitionState:
           soak's broker freezes made windows of decisions still in their producers close).
         """
         if rewards_end is not None:
+            self.caught_up[False] = True
             self._settle(True, rewards_end - margin_ms, "reward_clock")
         if decisions_end is not None:
+            self.caught_up[True] = True
             self._settle(False, decisions_end - margin_ms, "decision_clock")
         if rewards_end is not None and decisions_end is not None and self.stream_time != NEVER:
             quiet = min(rewards_end, decisions_end) - margin_ms - max(self.last_read, resumed_ms or 0.0)
@@ -840,8 +859,10 @@ class JoinCore:
         everything now due: a waiting decision once the reward clock is past its window's end
         plus grace, early rewards once the decision clock is past theirs."""
         part.advance(decisions_end, rewards_end, self._margin_ms, resumed_ms)
-        grace, done_at = self._grace_ms, int(now_wall_ms)
+        grace, done_at, hold_max = self._grace_ms, int(now_wall_ms), self.options.catch_up_hold_max
         heap, clock = part.heap, part.reward_clock - grace
+        if not part.caught_up[False] and len(heap) <= hold_max:
+            clock = NEVER  # rewards not yet read to their end since the start: nothing is due yet
         while heap and heap[0][0] < clock:
             deadline, key = heapq.heappop(heap)
             entry = part.get(key)
@@ -855,6 +876,8 @@ class JoinCore:
                 done.append("not_activated")
             part.put(key, done)
         heap, clock = part.early_heap, part.decision_clock - grace
+        if not part.caught_up[True] and len(heap) <= hold_max:
+            clock = NEVER
         while heap and heap[0][0] < clock:
             expire, key = heapq.heappop(heap)
             entry = part.get(key)

@@ -93,7 +93,7 @@ def replay(tmp_path, entry_cache: int, *, restart_at: int | None = None, tag: st
     the worker's consumer does, reads each topic again from where the state says to resume
     (``resume``): the records it had handled are replays, whose outputs are suppressed."""
     core, db = join_core(), open_db(tmp_path / f"db-{entry_cache}-{restart_at}{tag}")
-    part = PartitionState(0, db, core.domains, entry_cache)
+    part = caught_up(PartitionState(0, db, core.domains, entry_cache))
     produced, writes = [], Counter()
     numbered, next_offset = [], {"decisions": 0, "rewards": 0}
     for ts, topic, event in traffic():
@@ -106,6 +106,8 @@ def replay(tmp_path, entry_cache: int, *, restart_at: int | None = None, tag: st
             read = [e for e in numbered if e[2] >= part.resume.get(e[1], 0)]
             feed = read + [e for e in feed if e not in read]
         batch, feed = feed[:40], feed[40:]
+        if b == (restart_at or 0) + 1:  # the reader reached both ends once since the restart
+            caught_up(part)
         b += 1
         out, suppressed = Outputs(), Outputs()
         decisions = [e for _, topic, _, e in batch if topic == "decisions"]
@@ -135,8 +137,16 @@ def replay(tmp_path, entry_cache: int, *, restart_at: int | None = None, tag: st
     return produced, contents, writes
 
 
+def caught_up(part: PartitionState) -> PartitionState:
+    """As a worker whose reader reached both topics' ends since it loaded the partition
+    (before that, nothing fires: ``JoinOptions.catch_up_hold_max``)."""
+    part.caught_up = {True: True, False: True}
+    return part
+
+
 def fire_until(core: JoinCore, part: PartitionState, out: Outputs, event_time: int) -> None:
-    """Both topics read up to ``event_time``: what is due by then fires."""
+    """Both topics read up to ``event_time`` (and to their ends once): what is due by then fires."""
+    caught_up(part)
     part.observe(True, event_time)
     part.observe(False, event_time)
     part.batch_read(0.0)
@@ -485,6 +495,51 @@ def test_no_clock_passes_the_cap_an_outage_sets_until_it_is_lifted(tmp_path):
     part.batch_read(T0 + 21_000)
     assert part.reward_clock == T0 + 19_500
     db.close()
+
+
+def restart_into_an_outage(tmp_path, options: JoinOptions, tag: str) -> dict[str, str]:
+    """A join started after an outage it never saw: the log it reads holds decisions stamped
+    T0..T0 + 1 s, then what producers sent when the broker came back 20 s later, one
+    producer's recent records (stamped T0 + 20 s) before another's held rewards for the early
+    decisions (stamped T0 + 0.5..1.5 s). Read in two batches, the ends known only after the
+    second. Returns event_id -> join status."""
+    core = JoinCore(Settings.model_validate({"domains": DOMAINS}).worker_config().domains, options)
+    db = open_db(tmp_path / f"db-{tag}")
+    part = PartitionState(0, db, core.domains, 1000)
+    rng = random.Random(6)
+    early = [("decisions", decision(f"d-{i}", "ranker", rng, T0 + 100 * i)) for i in range(10)]
+    recent = [("decisions", decision(f"n-{i}", "ranker", rng, T0 + 20_000 + i)) for i in range(10)]
+    recent += [("rewards", reward(f"n-{i}", f"n-{i}-r", "ranker", rng, T0 + 20_100 + i)) for i in range(10)]
+    held = [("rewards", reward(f"d-{i}", f"d-{i}-r", "ranker", rng, T0 + 100 * i + 500)) for i in range(10)]
+    offsets, out = {"decisions": 0, "rewards": 0}, Outputs()
+    wall = T0 + 30_000
+    for batch, ends in ((early + recent, None), (held, wall + 5000)):
+        encoded = iter(core.encode([e for topic, e in batch if topic == "decisions"]))
+        for topic, event in batch:
+            part.handled(topic, offsets[topic])
+            part.observe(topic == "decisions", event["timestamp"])
+            source = DeadLetter(topic, 0, offsets[topic], event["event_id"].encode(), b"")
+            offsets[topic] += 1
+            if topic == "decisions":
+                core.decision(part, event, source, out, next(encoded))
+            else:
+                core.reward(part, event, source, out)
+        part.batch_read(wall)
+        core.fire(part, wall, out, ends, ends)
+        wall += 5000
+    core.fire(part, wall + 10**7, out, wall + 10**7, wall + 10**7)
+    db.close()
+    return {u["event_id"]: u["join_status"] for _, u in out.updates}
+
+
+def test_a_restart_fires_nothing_before_its_rewards_were_read_to_their_end_once(tmp_path):
+    """The soak's default seed: the join killed at the end of two back-to-back broker freezes
+    and restarted; it read a reward stamped 38 s ago after rewards stamped 20 s later and,
+    knowing nothing of the freezes, closed 1,273 windows with their rewards in the log."""
+    statuses = restart_into_an_outage(tmp_path, JoinOptions(), "held")
+    assert statuses == {**{f"d-{i}": "rewarded" for i in range(10)}, **{f"n-{i}": "rewarded" for i in range(10)}}
+    unheld = restart_into_an_outage(tmp_path, JoinOptions(catch_up_hold_max=0), "unheld")
+    assert [unheld[f"d-{i}"] for i in range(10)] == ["default"] * 10  # what the hold prevents
 
 
 def test_the_clocks_are_stored_and_a_restart_starts_from_them(tmp_path):
