@@ -1,0 +1,316 @@
+"""The whole loop on one machine, for a program of one's own: :class:`Playground`.
+
+What ``banditstream demo`` runs, as a library: the embedded broker, the join, learner and
+publisher workers (each its own ``banditstream`` process), signed snapshots in a local
+directory, and one SDK :class:`~banditstream.decider.Decider` per domain, pulling and
+verifying them. The examples (``examples/``) play their systems' decision loops on it.
+
+    >>> with Playground({"router": {"policy": "beta_ts", "reward": {"expression": "value"}}}) as loop:  # doctest: +SKIP
+    ...     decision = loop.decide("router", {"intent": "billing"}, ["a", "b"])
+    ...     loop.reward("router", decision, 1.0)
+    ...     loop.learn()          # a snapshot that learned from every decision so far
+    ...     loop.decider("router").policy_version
+    '1.1.0'
+
+The play is in lockstep rounds, as the demo's: decide a round with the snapshot held, send
+its rewards, then :meth:`Playground.learn` waits for a snapshot per domain that learned from
+every decision so far and swaps it in. Event time is simulated (:class:`EventClock`: the
+decisions of a round are stamped a millisecond apart, ending about now, and each reward by
+its simulated delay), and every topic has one partition, so a seed gives the same updates in
+the same order, the same learner state and the same decisions on every run.
+
+Waiting has no fixed limit: :meth:`Playground.learn` gives up only when nothing moved
+(joins, updates learned, snapshots published) for ``patience_s``. On a failure the working
+directory is kept and named; otherwise it is removed, unless it was given.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import shutil
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from banditstream.decider import Decider, PulledSnapshots
+from banditstream.devstack import LocalStack
+from banditstream.workers import WorkerProcesses
+from learner.domain import DomainSettings
+from streams.settings import KafkaSettings, TopicSettings
+from streams.topics import ensure_topics
+
+__all__ = ["EventClock", "Playground", "PlaygroundError"]
+
+
+class PlaygroundError(RuntimeError):
+    """The loop could not go on (a worker died, nothing moved for too long)."""
+
+
+class EventClock:
+    """Simulated event time for the SDK (``Decider(clock=...)``): ``ms`` is set by the caller;
+    the clock reads it in seconds."""
+
+    def __init__(self) -> None:
+        self.ms = int(time.time() * 1000)
+
+    def __call__(self) -> float:
+        return self.ms / 1000.0
+
+
+class Playground:
+    """Start the loop for ``domains`` (name -> a domain's settings, as in the config file's
+    ``domains``); see the module docstring.
+
+    ``seed`` seeds every domain's policy and SDK draws; ``publish_every_s`` is how often the
+    publisher looks for learned updates; ``window_s`` is the default reward window of domains
+    that set none (short, so rounds are quick); ``patience_s`` how long :meth:`learn` waits
+    without visible progress; ``workdir`` is kept after the run when given."""
+
+    def __init__(
+        self,
+        domains: Mapping[str, Mapping[str, Any]],
+        *,
+        seed: int = 0,
+        workdir: str | Path | None = None,
+        console: Console | None = None,
+        window_s: float = 1.0,
+        publish_every_s: float = 0.5,
+        patience_s: float = 90.0,
+    ) -> None:
+        if not domains:
+            raise PlaygroundError("a playground needs at least one domain")
+        self.seed = seed
+        self.console = console or Console()
+        self.window_s = window_s
+        self.publish_every_s = publish_every_s
+        self.patience_s = patience_s
+        self._given_workdir = workdir is not None
+        self.workdir = Path(workdir) if workdir is not None else Path(tempfile.mkdtemp(prefix="banditstream-playground-"))
+        self._domain_trees = {name: dict(tree) for name, tree in domains.items()}
+        self.clock = EventClock()
+        self.topics = TopicSettings(partitions=1, update_partitions=1)  # one order, every run
+        self.workers = WorkerProcesses(self.workdir / "logs")
+        self.settings: dict[str, DomainSettings] = {}
+        self.sources: dict[str, PulledSnapshots] = {}
+        self.deciders: dict[str, Decider] = {}
+        #: domain -> decisions made (by the SDK and replayed): what :meth:`learn` waits for
+        self.made: dict[str, int] = dict.fromkeys(domains, 0)
+        self._stamps: dict[str, int] = {}  # event id -> its decision's event time, until rewarded
+        self.kafka: KafkaSettings | None = None
+        self.config_path: Path | None = None
+        self._stack: LocalStack | None = None
+        self._failed = False
+
+    # -- start and stop -------------------------------------------------------------------
+
+    def __enter__(self) -> "Playground":
+        try:
+            self._start()
+        except BaseException:
+            self._failed = True
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self._failed = self._failed or exc_type is not None
+        self.close()
+
+    def _start(self) -> None:
+        from publisher import SnapshotClient
+        from publisher.cli_ops import generate_keys
+
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        (self.workdir / "logs").mkdir(exist_ok=True)
+        logging.getLogger("publisher").setLevel(logging.ERROR)  # "nothing published yet" while polling
+        self._stack = LocalStack(self.workdir / "stack", s3=False)
+        with self._status("starting the embedded broker…"):
+            info = self._stack.up()
+        self.kafka = KafkaSettings(bootstrap_servers=info.kafka_bootstrap, profile=info.kafka_profile)
+        generate_keys(self.workdir / "keys")
+        self.config_path = self._write_config()
+        ensure_topics(self.kafka, self.topics)
+        for name in ("join", "learn", "publish"):
+            self.workers.start(name, self.config_path)
+        for i, name in enumerate(self._domain_trees):
+            client = SnapshotClient(str(self.workdir / "snapshots"), self.workdir / "cache" / name,
+                                    self.workdir / "keys" / "root.json", domain=name)  # fmt: skip
+            self.sources[name] = PulledSnapshots(client)
+            self.deciders[name] = Decider(
+                name, kafka=self.kafka, settings=self.settings[name], topics=self.topics, seed=self.seed + i,
+                spool_path=self.workdir / "spool" / f"{name}.spool", clock=self.clock,
+            )  # fmt: skip
+
+    def _write_config(self) -> Path:
+        from banditstream.config import load_settings
+
+        domains = {}
+        for name, tree in self._domain_trees.items():
+            tree = json.loads(json.dumps(tree))  # a copy, and only what JSON can hold
+            tree.setdefault("params", {}).setdefault("seed", self.seed)
+            tree.setdefault("reward", {}).setdefault("window_s", self.window_s)
+            domains[name] = tree
+        config = {
+            "kafka": {"bootstrap_servers": self.kafka.bootstrap_servers, "profile": self.kafka.profile},
+            "topics": self.topics.model_dump(),
+            "stores": {"state_dir": str(self.workdir / "state"), "snapshots": str(self.workdir / "snapshots")},
+            "publish": {"keys_dir": str(self.workdir / "keys"), "every_updates": 100_000,
+                        "every_seconds": self.publish_every_s, "on_drift": "flag"},
+            "sdk": {"cache_dir": str(self.workdir / "cache")},
+            "join": {"sweep_interval_s": 0.2},
+            "learn": {"emit_every_s": 0.3},
+            "domains": domains,
+        }  # fmt: skip
+        path = self.workdir / "banditstream.json"
+        path.write_text(json.dumps(config, indent=2))
+        self.settings = dict(load_settings(path, env={}).domains)
+        return path
+
+    def close(self) -> None:
+        """Close the SDKs (flushing their events), stop the workers and the broker; remove the
+        working directory unless it was given or something failed (then it is named)."""
+        for decider in self.deciders.values():
+            with contextlib.suppress(Exception):
+                decider.close(timeout=5)
+        self.deciders.clear()
+        self.workers.stop()
+        if self._stack is not None:
+            self._stack.down()
+            self._stack = None
+        if self._failed:
+            self.console.print(f"worker logs and state kept in {self.workdir}", highlight=False, soft_wrap=True)
+        elif not self._given_workdir:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+    # -- playing --------------------------------------------------------------------------
+
+    def decider(self, domain: str) -> Decider:
+        try:
+            return self.deciders[domain]
+        except KeyError:
+            raise PlaygroundError(f"no domain {domain!r} here (domains: {', '.join(self.deciders)})") from None
+
+    def decide(self, domain: str, context: Mapping[str, Any], actions: Sequence[str], **kwargs: Any):
+        """One decision, stamped a millisecond after the previous one (never ahead of now)."""
+        self.clock.ms = max(self.clock.ms + 1, int(time.time() * 1000) - 5_000)
+        decision = self.decider(domain).decide(context, actions, **kwargs)
+        self.made[domain] += 1
+        self._stamps[decision.event_id] = self.clock.ms
+        return decision
+
+    def reward(self, domain: str, decision: Any, value: float | Mapping[str, float], *, delay_ms: int = 1) -> None:
+        """The reward of ``decision`` (a value, or named signals), stamped ``delay_ms`` after
+        it (inside the window: the join counts it)."""
+        stamp = self._stamps.get(decision.event_id, self.clock.ms) + delay_ms
+        self.decider(domain).reward(decision.event_id, value, timestamp_ms=stamp)
+
+    def replay(self, domain: str, path: str | Path, *, actions: Sequence[str] | None = None):
+        """Produce a logged history (the JSONL interaction log or Avro files ``banditstream
+        replay`` reads) as the domain's decisions and rewards; :meth:`learn` then waits for
+        them too. Returns the replay's result (events, problems, assumptions)."""
+        from banditstream.replay import produce, read_log
+        from streams.client import EventProducer
+
+        result = read_log(path, domain=domain, actions=list(actions) if actions else None)
+        produce(result, EventProducer(self.kafka), decisions_topic=self.topics.decisions, rewards_topic=self.topics.rewards)
+        self.made[domain] += len(result.decisions)
+        return result
+
+    def learn(self) -> dict[str, str]:
+        """Wait for a snapshot per domain that learned from every decision made so far, and
+        swap it into the domain's SDK; returns domain -> version. Gives up (with the worker's
+        last lines) only when nothing moved for ``patience_s``."""
+        for decider in self.deciders.values():
+            decider.flush(30)
+        self._stamps.clear()  # the round's rewards are sent
+        pending = {name: n for name, n in self.made.items() if n}
+        versions: dict[str, str] = {}
+        progress, moved = None, time.monotonic()
+        while pending:
+            self._check()
+            for name in list(pending):
+                try:
+                    active = self.sources[name].latest()
+                except Exception:  # noqa: BLE001 - nothing published yet, or mid-publish
+                    active = None
+                if active is not None and active.samples >= pending[name]:
+                    self.deciders[name].use(active)
+                    versions[name] = active.version
+                    del pending[name]
+            if not pending:
+                break
+            now = self._progress()
+            if now != progress:
+                progress, moved = now, time.monotonic()
+            elif time.monotonic() - moved > self.patience_s:
+                joined, learned, _ = now
+                stage = "join" if joined < sum(self.made.values()) else "learn" if learned < sum(self.made.values()) else "publish"
+                tail = "\n".join(self.workers.tail(stage, 10))
+                raise PlaygroundError(f"nothing moved for {self.patience_s:.0f}s while waiting for a snapshot of "
+                                      f"{', '.join(pending)} ({joined:,.0f} joined, {learned:,.0f} learned of "
+                                      f"{sum(self.made.values()):,} decisions); the {stage} worker's last lines:\n{tail}")  # fmt: skip
+            time.sleep(0.1)
+        return versions
+
+    def updates(self, domain: str | None = None) -> list[dict[str, Any]]:
+        """The joined log (UpdateEvents) read back from the updates topic, for evaluation and
+        stats: every decision's, once each is joined (waits as :meth:`learn` does)."""
+        from streams.evaluation_log import read_updates
+        from streams.serde import AvroSerde
+
+        want = sum(self.made.values())
+        moved, seen = time.monotonic(), -1
+        while True:
+            updates, report = read_updates(self.kafka, self.topics.updates, AvroSerde("update", framing="single_object"))
+            if report.records >= want:
+                break
+            if report.records != seen:
+                moved, seen = time.monotonic(), report.records
+            elif time.monotonic() - moved > self.patience_s:
+                raise PlaygroundError(f"the updates topic holds {report.records:,} of {want:,} updates")
+            self._check()
+            time.sleep(0.5)
+        return [u for u in updates if domain is None or u["domain"] == domain]
+
+    def rounds(self, n: int, description: str = "playing") -> Any:
+        """A rich progress bar over ``n`` rounds (iterate it); the stage shows while waiting."""
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                            console=self.console, transient=False, disable=not self.console.is_terminal)  # fmt: skip
+        with progress:
+            task = progress.add_task(description, total=n)
+            for i in range(n):
+                yield i
+                progress.advance(task)
+                if not self.console.is_terminal and (i + 1) % max(1, n // 5) == 0:
+                    self.console.print(f"{description}: round {i + 1}/{n}", highlight=False)
+
+    # -- helpers --------------------------------------------------------------------------
+
+    def _check(self) -> None:
+        try:
+            self.workers.check()
+        except Exception as error:
+            self._failed = True
+            raise PlaygroundError(str(error)) from error
+
+    def _progress(self) -> tuple[float, float, float]:
+        def total(worker: str, family: str) -> float:
+            return sum(self.workers.scrape(worker).get(family, {}).values())
+
+        return (total("join", "banditstream_joins_total"), total("learn", "banditstream_records_in_total"),
+                total("publish", "banditstream_snapshots_published_total"))  # fmt: skip
+
+    def _status(self, text: str):
+        if self.console.is_terminal:
+            return self.console.status(text)
+        self.console.print(text, highlight=False)
+        return contextlib.nullcontext()
+
