@@ -99,8 +99,10 @@ class Playground:
         self.settings: dict[str, DomainSettings] = {}
         self.sources: dict[str, PulledSnapshots] = {}
         self.deciders: dict[str, Decider] = {}
-        #: domain -> decisions made (by the SDK and replayed): what :meth:`learn` waits for
+        #: domain -> decisions acted on (by the SDK, live, and replayed): what :meth:`learn`
+        #: waits for; and every decision made, each of which the join turns into one update
         self.made: dict[str, int] = dict.fromkeys(domains, 0)
+        self.decided = 0
         self._stamps: dict[str, int] = {}  # event id -> its decision's event time, until rewarded
         self.kafka: KafkaSettings | None = None
         self.config_path: Path | None = None
@@ -200,7 +202,9 @@ class Playground:
         """One decision, stamped a millisecond after the previous one (never ahead of now)."""
         self.clock.ms = max(self.clock.ms + 1, int(time.time() * 1000) - 5_000)
         decision = self.decider(domain).decide(context, actions, **kwargs)
-        self.made[domain] += 1
+        self.decided += 1
+        if decision.mode == "live":  # shadow and off decisions are joined, never learned
+            self.made[domain] += 1
         self._stamps[decision.event_id] = self.clock.ms
         return decision
 
@@ -220,6 +224,7 @@ class Playground:
         result = read_log(path, domain=domain, actions=list(actions) if actions else None)
         produce(result, EventProducer(self.kafka), decisions_topic=self.topics.decisions, rewards_topic=self.topics.rewards)
         self.made[domain] += len(result.decisions)
+        self.decided += len(result.decisions)
         return result
 
     def learn(self) -> dict[str, str]:
@@ -250,7 +255,7 @@ class Playground:
                 progress, moved = now, time.monotonic()
             elif time.monotonic() - moved > self.patience_s:
                 joined, learned, _ = now
-                stage = "join" if joined < sum(self.made.values()) else "learn" if learned < sum(self.made.values()) else "publish"
+                stage = "join" if joined < self.decided else "learn" if learned < sum(self.made.values()) else "publish"
                 tail = "\n".join(self.workers.tail(stage, 10))
                 raise PlaygroundError(f"nothing moved for {self.patience_s:.0f}s while waiting for a snapshot of "
                                       f"{', '.join(pending)} ({joined:,.0f} joined, {learned:,.0f} learned of "
@@ -264,7 +269,7 @@ class Playground:
         from streams.evaluation_log import read_updates
         from streams.serde import AvroSerde
 
-        want = sum(self.made.values())
+        want = self.decided
         moved, seen = time.monotonic(), -1
         while True:
             updates, report = read_updates(self.kafka, self.topics.updates, AvroSerde("update", framing="single_object"))
