@@ -26,6 +26,7 @@ directory is kept and named; otherwise it is removed, unless it was given.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import logging
@@ -45,7 +46,7 @@ from learner.domain import DomainSettings
 from streams.settings import KafkaSettings, TopicSettings
 from streams.topics import ensure_topics
 
-__all__ = ["EventClock", "Playground", "PlaygroundError"]
+__all__ = ["EventClock", "Playground", "PlaygroundError", "example_arguments"]
 
 
 class PlaygroundError(RuntimeError):
@@ -319,3 +320,18 @@ class Playground:
         self.console.print(text, highlight=False)
         return contextlib.nullcontext()
 
+
+
+def example_arguments(argv: list[str] | None, *, description: str, seed: int, out: Path) -> argparse.Namespace:
+    """The command line every example takes: ``--quick``, ``--seed``, ``--out DIR`` (created),
+    ``--json PATH`` (default ``OUT/summary.json``) and ``--workdir DIR`` (kept)."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--quick", action="store_true", help="a smaller run (under a minute)")
+    parser.add_argument("--seed", type=int, default=seed)
+    parser.add_argument("--out", type=Path, default=out, help="where the PNG, the JSON and other outputs go")
+    parser.add_argument("--json", type=Path, default=None, help="write the summary here (default OUT/summary.json)")
+    parser.add_argument("--workdir", type=Path, default=None, help="keep the stack's files here (default: removed)")
+    args = parser.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    args.json = args.json or args.out / "summary.json"
+    return args

@@ -17,7 +17,6 @@ Four steps, every one through the real stack (see README.md here):
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
@@ -29,7 +28,7 @@ from rich.table import Table
 
 import assistant
 from banditstream.evaluate import load_log, parse_candidates
-from banditstream.playground import Playground
+from banditstream.playground import Playground, example_arguments
 from banditstream.stats import leaderboard
 from banditstream.stats import table as leaderboard_table
 from learner.domain import DomainSettings
@@ -45,16 +44,9 @@ SIZES = {"quick": (1500, 4, 150), "full": (6000, 12, 400)}
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="a smaller log and fewer rounds (under a minute)")
-    parser.add_argument("--seed", type=int, default=4)
-    parser.add_argument("--out", type=Path, default=HERE / "out", help="where the log, the PNG and the JSON go")
-    parser.add_argument("--json", type=Path, default=None, help="write the summary here (default OUT/summary.json)")
-    parser.add_argument("--workdir", type=Path, default=None, help="keep the stack's files here (default: removed)")
-    args = parser.parse_args(argv)
+    args = example_arguments(argv, description=__doc__.splitlines()[0], seed=4, out=HERE / "out")
     console = Console()
     n_log, n_rounds, per_round = SIZES["quick" if args.quick else "full"]
-    args.out.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
 
     # 1. the log the assistant kept before banditstream
@@ -105,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     console.print(summary_table(summary))
     plot(live, offline, n_rounds, args.out / "adaptation_loop.png")
     summary["plot"] = str(args.out / "adaptation_loop.png")
-    json_path = args.json or args.out / "summary.json"
+    json_path = args.json
     json_path.write_text(json.dumps(summary, indent=2))
     console.print(f"plot: [bold]{summary['plot']}[/]  summary: [bold]{json_path}[/]")
     return 0

@@ -11,7 +11,6 @@ Thompson sampling, one reward expression over quality, groundedness, safety, cos
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import re
@@ -25,7 +24,7 @@ from rich.console import Console
 from rich.table import Table
 
 import service
-from banditstream.playground import Playground
+from banditstream.playground import Playground, example_arguments
 from learner.reward import RewardConfig, RewardEngine
 
 HERE = Path(__file__).parent
@@ -49,16 +48,9 @@ def flag(domain: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="fewer rounds (under a minute)")
-    parser.add_argument("--seed", type=int, default=2)
-    parser.add_argument("--out", type=Path, default=HERE / "out", help="where the PNG, the JSON and the dump go")
-    parser.add_argument("--json", type=Path, default=None, help="write the summary here (default OUT/summary.json)")
-    parser.add_argument("--workdir", type=Path, default=None, help="keep the stack's files here (default: removed)")
-    args = parser.parse_args(argv)
+    args = example_arguments(argv, description=__doc__.splitlines()[0], seed=2, out=HERE / "out")
     console = Console()
     n_shadow, n_live, per_round = SIZES["quick" if args.quick else "full"]
-    args.out.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
     for domain in service.DOMAINS:  # every flag off: the domains run as configured (shadow)
         os.environ.pop(flag(domain.name), None)
@@ -108,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     console.print(summary_table(summary))
     plot(record, truth, n_live, args.out / "core_rl.png")
     summary["plot"] = str(args.out / "core_rl.png")
-    json_path = args.json or args.out / "summary.json"
+    json_path = args.json
     json_path.write_text(json.dumps(summary, indent=2))
     console.print(f"plot: [bold]{summary['plot']}[/]  summary: [bold]{json_path}[/]")
     return 0
