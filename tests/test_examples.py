@@ -15,13 +15,31 @@ ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.integration
 
 
-def run_example(name: str, out: Path, *args: str, timeout: float = 600) -> dict:
-    """``python examples/NAME/run.py --quick --out OUT``; its summary JSON."""
-    summary = out / "summary.json"
-    done = subprocess.run([sys.executable, str(ROOT / "examples" / name / "run.py"), "--quick", "--out", str(out),
-                           "--json", str(summary), *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout)  # fmt: skip
-    assert done.returncode == 0, f"{name} exited {done.returncode}:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
-    return json.loads(summary.read_text())
+EXAMPLES = ("adaptation_loop", "core_rl")
+
+
+@pytest.fixture(scope="module")
+def examples(tmp_path_factory) -> dict[str, tuple[subprocess.Popen, Path]]:
+    """Every example started at once (each waits on its own workers most of the time, so
+    together they take little longer than the slowest): name -> (process, its output dir)."""
+    started = {}
+    for name in EXAMPLES:
+        out = tmp_path_factory.mktemp(name)
+        command = [sys.executable, str(ROOT / "examples" / name / "run.py"), "--quick", "--out", str(out)]
+        started[name] = (subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True), out)
+    yield started
+    for process, _ in started.values():
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+
+
+def run_example(examples, name: str, timeout: float = 600) -> tuple[dict, Path]:
+    """``python examples/NAME/run.py --quick --out OUT``, finished; its summary JSON and OUT."""
+    process, out = examples[name]
+    output, _ = process.communicate(timeout=timeout)
+    assert process.returncode == 0, f"{name} exited {process.returncode}:\n{output[-5000:]}"
+    return json.loads((out / "summary.json").read_text()), out
 
 
 def png(path: str | Path) -> bytes:
@@ -30,8 +48,8 @@ def png(path: str | Path) -> bytes:
     return data
 
 
-def test_adaptation_loop_evaluates_offline_and_a_warm_start_beats_a_cold_one(tmp_path):
-    s = run_example("adaptation_loop", tmp_path)
+def test_adaptation_loop_evaluates_offline_and_a_warm_start_beats_a_cold_one(examples):
+    s, out = run_example(examples, "adaptation_loop")
     offline = s["offline"]["candidates"]
     # offline: every fixed candidate's DR interval covers its true value, and the best agent
     # by DR is the best agent in truth; the router's policy, trained progressively on the
@@ -50,11 +68,11 @@ def test_adaptation_loop_evaluates_offline_and_a_warm_start_beats_a_cold_one(tmp
     shares = [arm["share"] for arm in s["leaderboard"]]
     assert abs(sum(shares) - 1.0) < 0.01 and len(shares) >= 2
     png(s["plot"])
-    assert (tmp_path / "reward_log.jsonl").stat().st_size > 100_000
+    assert (out / "reward_log.jsonl").stat().st_size > 100_000
 
 
-def test_core_rl_shadow_changes_nothing_live_beats_the_baseline_and_shields_hold(tmp_path):
-    s = run_example("core_rl", tmp_path)
+def test_core_rl_shadow_changes_nothing_live_beats_the_baseline_and_shields_hold(examples):
+    s, out = run_example(examples, "core_rl")
     domains = s["domains"]
     assert len(domains) == 5 and {d["policy"] for d in domains.values()} == {"beta_ts", "epsilon_greedy", "ucb1"}
     # shadow: every decision took the baseline (what users saw before)
@@ -70,5 +88,5 @@ def test_core_rl_shadow_changes_nothing_live_beats_the_baseline_and_shields_hold
     # dump and restore: the restored version is what the SDK holds, with the dumped state
     restore = s["restore"]
     assert restore["state_equal"] and restore["sdk_holds"] == restore["restored_as"] != restore["dumped"]
-    assert (tmp_path / "dump").is_dir()
+    assert (out / "dump").is_dir()
     png(s["plot"])
