@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -127,9 +128,10 @@ def cli(loop: Playground, *args: str) -> str:
 def dump_and_restore(loop: Playground, folder: Path, console: Console) -> dict:
     """``banditstream snapshot dump`` one domain's head to ``folder``, ``snapshot restore`` it
     as the domain's next version, and check what the SDK then verifies and holds."""
+    shutil.rmtree(folder, ignore_errors=True)  # restore takes the newest backup it finds there
     dumped = json.loads(cli(loop, "snapshot", "dump", RESTORED, "--out", str(folder), "--verbose"))
     said = cli(loop, "snapshot", "restore", str(folder), "--domains", RESTORED)
-    match = re.search(r" as (\S+)\s*$", said.strip())
+    match = re.search(r"\sas\s+(\S+)\s*$", said)  # (the console wraps its line anywhere)
     if match is None:
         raise RuntimeError(f"snapshot restore said: {said!r}")
     version = match.group(1)
