@@ -25,7 +25,7 @@ COPY banditstream/ banditstream/
 # The pip cache mount keeps downloaded wheels between builds without putting them in a layer.
 # The extensions are optional at run time, so a failed compile would pass unnoticed: import each.
 RUN --mount=type=cache,target=/root/.cache/pip \
-    /opt/banditstream/bin/pip install -c constraints.txt . \
+    /opt/banditstream/bin/pip install -c constraints.txt '.[all]' \
     && cd / && for module in $(grep -o 'Extension("[^"]*"' /src/setup.py | cut -d'"' -f2); do \
         /opt/banditstream/bin/python -c "import ${module}" && echo "built ${module}" || exit 1; \
     done

@@ -48,6 +48,10 @@ err_console = Console(stderr=True)
 DEFAULT_DEV_DIR = ".banditstream/dev"
 EXPECTED_ERRORS = (ConfigError, StackError, TopicError, BanditstreamError, DemoError, StateDirLocked, EvaluationError)
 DEMO_DOMAINS = ("llm_routing", "support_templates")
+#: The packages of pyproject's extras (the base install is the SDK and this CLI): a command that
+#: needs one that is not installed says which extra to install, in one line.
+EXTRA_OF = {"faust": "workers", "mode": "workers", "aiokafka": "workers", "rocksdict": "workers", "boto3": "s3",
+            "botocore": "s3", "starlette": "serve", "uvicorn": "serve", "httptools": "serve", "matplotlib": "plots"}
 
 
 class _State:
@@ -735,6 +739,14 @@ def main(argv: Optional[list[str]] = None) -> int:
         if state.verbose:
             raise
         err_console.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
+        return 2
+    except ModuleNotFoundError as exc:
+        extra = EXTRA_OF.get((exc.name or "").partition(".")[0])
+        if extra is None or state.verbose:
+            raise
+        message = (f"this command needs {exc.name!r}, which comes with the '{extra}' extra: "
+                   f"pip install 'banditstream[{extra}]' (or 'banditstream[all]')")
+        err_console.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
         return 2
     except (typer.Abort, KeyboardInterrupt):
         err_console.print("interrupted: everything started here has been stopped")

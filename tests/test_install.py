@@ -1,10 +1,13 @@
-"""A plain install (no extras) carries everything the product imports at run time.
+"""A plain install is the SDK and the CLI, lean; ``[all]`` carries everything else.
 
 The static check reads every import in the runtime packages, lazy ones included, and finds
-the distribution behind it among pyproject's dependencies. The install check puts a copy of
-the checkout (without compiled extensions) into a fresh venv with ``pip install -c
-constraints.txt .``, so the C extensions are built, then imports every module and runs the
-demo's plot and JSON output on synthetic data: the last steps of a demo run.
+the distribution behind it among pyproject's dependencies and extras. The install check puts
+a copy of the checkout (without compiled extensions) into a fresh venv with ``pip install -c
+constraints.txt .``, so the C extensions are built: with no faust, RocksDB, boto3, ASGI
+server or matplotlib there, the SDK pulls and verifies a real snapshot and decides, and a
+worker command says in one line which extra it needs. Then ``.[all]`` goes in, and every
+module imports and the demo's plot and JSON output run on synthetic data: the last steps of
+a demo run.
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ import subprocess
 import sys
 import tomllib
 from pathlib import Path
+
+import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("schemas", "streams", "learner", "publisher", "banditstream")
@@ -46,7 +51,9 @@ def _imported_modules() -> dict[str, set[str]]:
 
 def test_every_runtime_import_is_a_declared_dependency():
     project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
-    declared = {_normalise(re.match(r"[A-Za-z0-9._-]+", req).group()) for req in project["dependencies"]}
+    requirements = project["dependencies"] + [r for name, extra in project["optional-dependencies"].items()
+                                              if name != "dev" for r in extra]  # fmt: skip
+    declared = {_normalise(re.match(r"[A-Za-z0-9._-]+", req).group()) for req in requirements}
     distributions = importlib.metadata.packages_distributions()
     undeclared = {}
     for module, files in _imported_modules().items():
@@ -84,6 +91,26 @@ demo._plot(out / "demo.png")
 """
 
 
+LEAN = r"""
+import importlib.util, sys
+from pathlib import Path
+
+for heavy in ("faust", "rocksdict", "boto3", "starlette", "uvicorn", "matplotlib"):
+    assert importlib.util.find_spec(heavy) is None, f"{heavy} is in a plain install"
+from banditstream.decider import Decider
+from learner.domain import DomainSettings
+from publisher import SnapshotClient
+
+repo = Path(sys.argv[1])
+settings = DomainSettings(policy="lin_ucb", features={"dimension": 8, "normalize": False})
+client = SnapshotClient(repo / "snapshots", repo / "cache", repo / "keys" / "root.json", domain="route")
+with Decider("route", repository=client, settings=settings, seed=2) as decider:
+    decision = decider.decide({"load": 1.0}, ["small", "large"])
+assert decision.policy_version == sys.argv[2] and decision.fallback is None, decision
+print(decision.action)
+"""
+
+
 def test_plain_install_builds_extensions_and_runs_the_demo_outputs(tmp_path):
     source = tmp_path / "src"
     source.mkdir()
@@ -99,6 +126,31 @@ def test_plain_install_builds_extensions_and_runs_the_demo_outputs(tmp_path):
     )  # fmt: skip
     assert install.returncode == 0, install.stdout + install.stderr
 
+    # lean: the SDK pulls, verifies and decides; a worker says which extra it needs
+    from learner.domain import DomainSettings
+    from publisher.cli_ops import generate_keys, load_keys
+    from publisher.publish import Publisher
+    from publisher.stores import open_store
+
+    repo = tmp_path / "repo"
+    generate_keys(repo / "keys")
+    settings = DomainSettings(policy="lin_ucb", features={"dimension": 8, "normalize": False})
+    policy = settings.make_policy(seed=1)
+    policy.update_batch(np.ones((20, 8)), ["small", "large"] * 10, [1.0, 0.0] * 10)
+    version = Publisher(open_store(repo / "snapshots"), *load_keys(repo / "keys"), domains={"route": settings}).publish(
+        "route", policy).version
+    lean = subprocess.run([str(venv / "bin" / "python"), "-c", LEAN, str(repo), version], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert lean.returncode == 0 and lean.stdout.strip() in ("small", "large"), lean.stderr
+    worker = subprocess.run([str(venv / "bin" / "banditstream"), "join"], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert worker.returncode == 2 and worker.stderr.count("\n") == 1, worker.stderr
+    assert "pip install 'banditstream[workers]'" in worker.stderr, worker.stderr
+
+    install = subprocess.run(
+        [str(venv / "bin" / "pip"), "install", "--quiet", "--disable-pip-version-check", "-c", "constraints.txt", ".[all]"],
+        cwd=source, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert install.returncode == 0, install.stdout + install.stderr
     smoke = subprocess.run(
         [str(venv / "bin" / "python"), "-c", SMOKE, str(tmp_path), *PACKAGES],
         cwd=tmp_path, capture_output=True, text=True, timeout=300,
