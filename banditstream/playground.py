@@ -285,7 +285,8 @@ class Playground:
         return [u for u in updates if domain is None or u["domain"] == domain]
 
     def rounds(self, n: int, description: str = "playing") -> Any:
-        """A rich progress bar over ``n`` rounds (iterate it); the stage shows while waiting."""
+        """Iterate it: ``0 .. n-1`` under a rich progress bar (elapsed time included, so a
+        slow :meth:`learn` shows); without a terminal, a plain line every fifth of the way."""
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
         progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -319,7 +320,6 @@ class Playground:
             return self.console.status(text)
         self.console.print(text, highlight=False)
         return contextlib.nullcontext()
-
 
 
 def example_arguments(argv: list[str] | None, *, description: str, seed: int, out: Path) -> argparse.Namespace:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -19,7 +20,7 @@ EXAMPLES = ("adaptation_loop", "core_rl")
 
 
 @pytest.fixture(scope="module")
-def examples(tmp_path_factory) -> dict[str, tuple[subprocess.Popen, Path]]:
+def examples(tmp_path_factory) -> Iterator[dict[str, tuple[subprocess.Popen, Path]]]:
     """Every example started at once (each waits on its own workers most of the time, so
     together they take little longer than the slowest): name -> (process, its output dir)."""
     started = {}
