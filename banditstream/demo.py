@@ -35,7 +35,6 @@ swaps marked) and, with ``--json``, the figures as JSON.
 
 from __future__ import annotations
 
-import contextlib
 import heapq
 import json
 import logging
@@ -56,6 +55,7 @@ from rich.table import Table
 
 from banditstream.decider import Decider, PulledSnapshots
 from banditstream.devstack import LocalStack
+from banditstream.playground import EventClock, Stalled, status, wait_for_snapshots, worker_progress
 from banditstream.simulate import ENVIRONMENTS, Environment, make_environment
 from banditstream.workers import WorkerExited, WorkerProcesses
 from learner.domain import DomainSettings
@@ -135,7 +135,7 @@ def run(options: DemoOptions, console: Console | None = None) -> dict[str, Any]:
     logging.getLogger("publisher").setLevel(logging.ERROR)  # "nothing published yet" while polling
     failed = False
     try:
-        with _status(console, "starting the embedded stack…"):
+        with status(console, "starting the embedded stack…"):
             info = stack.up()
         console.print(f"broker [bold]{info.kafka_bootstrap}[/]" + (f", S3 [bold]{info.s3_endpoint}[/]" if info.s3_endpoint else ""))
         return _Demo(options, workdir, info, workers, console).run()
@@ -156,24 +156,6 @@ def run(options: DemoOptions, console: Console | None = None) -> dict[str, Any]:
 
 def _raise_keyboard_interrupt(*_):
     raise KeyboardInterrupt
-
-
-def _status(console: Console, text: str):
-    """A spinner on a terminal; elsewhere the text, printed once."""
-    if console.is_terminal:
-        return console.status(text)
-    console.print(text, highlight=False)
-    return contextlib.nullcontext()
-
-
-class _EventClock:
-    """The SDK's clock in the demo: simulated event time, set by the demo before each decision."""
-
-    def __init__(self) -> None:
-        self.ms = 0
-
-    def __call__(self) -> float:
-        return (self.ms + 0.5) / 1000  # decide() stamps int(clock() * 1000): exactly ``ms``
 
 
 class _Display:
@@ -281,7 +263,7 @@ class _Demo:
         self.late_pending: list[tuple[str, Decider, str, dict[str, float], int]] = []
         self.sent = Counter()
         self.started = time.monotonic()
-        self.clock = _EventClock()
+        self.clock = EventClock()
         self.deciders: dict[str, Decider] = {}
         self.rounds = 0
         self.drift_flagged = 0  # swaps to a snapshot whose drift flag made the SDK use its baseline
@@ -392,7 +374,7 @@ class _Demo:
                 self.stage = "refusing late rewards"
                 self._await_dead_letters(self._patience(0.0))
             summary = self._summary(deciders)
-            with _status(self.console, "evaluating the learned policies on the logged decisions…"):
+            with status(self.console, "evaluating the learned policies on the logged decisions…"):
                 summary["evaluation"] = self._evaluate(sources)
         finally:
             for decider in deciders.values():
@@ -467,12 +449,7 @@ class _Demo:
         return self.o.window_s + 3.0 + 30.0 + self.o.patience * decide_s + startup
 
     def _progress(self) -> tuple[float, float, float]:
-        """Decisions joined, updates the learner read, snapshots published: what moves while
-        a round is learned."""
-        joined = sum(self._joins().values())
-        learned = sum(self.workers.metric("learn", "banditstream_records_in_total").values())
-        published = sum(self.workers.metric("publish", "banditstream_snapshots_published_total").values())
-        return joined, learned, published
+        return worker_progress(self.workers)
 
     def _await_dead_letters(self, patience: float) -> None:
         """Let the join refuse the last late rewards before the summary counts them; the
@@ -489,41 +466,28 @@ class _Demo:
     def _await_learning(self, per_domain, sources, patience: float) -> None:
         """Wait for a snapshot per domain that learned from every decision made so far; give
         up only when nothing has moved (see :meth:`_progress`) for ``patience`` seconds."""
-        pending = dict(per_domain)
-        progress, moved = None, time.monotonic()
-        while pending:
-            self.workers.check()
-            for name in list(pending):
-                try:
-                    active = sources[name].latest()
-                except Exception:  # noqa: BLE001 - nothing published yet, or mid-publish
-                    active = None
-                if active is not None and active.samples >= pending[name]:
-                    self.deciders[name].use(active)
-                    log = self.logs[name]
-                    if not log.swaps or log.swaps[-1][1] != active.version:
-                        log.swaps.append((len(log.expected), active.version))
-                        self.drift_flagged += active.drift_flag
-                    del pending[name]
-            if not pending:
-                return
-            now = self._progress()
-            if now != progress:
-                progress, moved = now, time.monotonic()
-            elif time.monotonic() - moved > patience:
-                made = sum(per_domain.values())
-                joined, learned, _ = now
-                silent = [name for name in ("join", "learn", "publish") if not self.workers.scrape(name)]
-                stage = silent[0] if silent else "join" if joined < made else "learn" if learned < made else "publish"
-                raise DemoError(
-                    f"round {self.rounds}: nothing moved for {patience:.0f}s while waiting for a snapshot of "
-                    f"{', '.join(pending)} that learned from all {made:,} decisions so far "
-                    f"({joined:,.0f} joined, {learned:,.0f} read by the learner"
-                    + (f"; the {stage} worker does not answer on /metrics" if silent else "")
-                    + f")\n{self.workers.kept(stage)}"
-                )
-            self.display.update()
-            time.sleep(0.2)
+
+        def swapped(name: str, active) -> None:
+            log = self.logs[name]
+            if not log.swaps or log.swaps[-1][1] != active.version:
+                log.swaps.append((len(log.expected), active.version))
+                self.drift_flagged += active.drift_flag
+
+        try:
+            wait_for_snapshots(sources, self.deciders, per_domain, progress=self._progress, check=self.workers.check,
+                               patience_s=patience, on_swap=swapped, tick=self.display.update)  # fmt: skip
+        except Stalled as stall:
+            made = sum(per_domain.values())
+            joined, learned, _ = stall.progress
+            silent = [name for name in ("join", "learn", "publish") if not self.workers.scrape(name)]
+            stage = silent[0] if silent else "join" if joined < made else "learn" if learned < made else "publish"
+            raise DemoError(
+                f"round {self.rounds}: nothing moved for {patience:.0f}s while waiting for a snapshot of "
+                f"{', '.join(stall.pending)} that learned from all {made:,} decisions so far "
+                f"({joined:,.0f} joined, {learned:,.0f} read by the learner"
+                + (f"; the {stage} worker does not answer on /metrics" if silent else "")
+                + f")\n{self.workers.kept(stage)}"
+            ) from None
 
     # -- output ---------------------------------------------------------------------------
 

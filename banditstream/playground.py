@@ -33,7 +33,7 @@ import logging
 import shutil
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +46,8 @@ from learner.domain import DomainSettings
 from streams.settings import KafkaSettings, TopicSettings
 from streams.topics import ensure_topics
 
-__all__ = ["EventClock", "Playground", "PlaygroundError", "example_arguments"]
+__all__ = ["EventClock", "Playground", "PlaygroundError", "Stalled", "example_arguments", "status", "wait_for_snapshots",
+           "worker_progress", "write_summary"]
 
 
 class PlaygroundError(RuntimeError):
@@ -54,14 +55,85 @@ class PlaygroundError(RuntimeError):
 
 
 class EventClock:
-    """Simulated event time for the SDK (``Decider(clock=...)``): ``ms`` is set by the caller;
-    the clock reads it in seconds."""
+    """The SDK's clock (``Decider(clock=...)``): simulated event time in ms, set by the caller
+    before each decision."""
 
     def __init__(self) -> None:
-        self.ms = int(time.time() * 1000)
+        self.ms = 0
 
     def __call__(self) -> float:
-        return self.ms / 1000.0
+        return (self.ms + 0.5) / 1000  # decide() stamps int(clock() * 1000): exactly ``ms``
+
+
+class Stalled(Exception):
+    """:func:`wait_for_snapshots` saw nothing move for its patience."""
+
+    def __init__(self, pending: dict[str, int], progress: tuple[float, float, float]) -> None:
+        super().__init__(f"nothing moved while waiting for a snapshot of {', '.join(pending)}")
+        self.pending = pending
+        #: (decisions joined, updates the learner read, snapshots published)
+        self.progress = progress
+
+
+def wait_for_snapshots(
+    sources: Mapping[str, PulledSnapshots],
+    deciders: Mapping[str, Decider],
+    pending: Mapping[str, int],
+    *,
+    progress: Callable[[], tuple[float, float, float]],
+    check: Callable[[], None],
+    patience_s: float,
+    on_swap: Callable[[str, Any], None] | None = None,
+    tick: Callable[[], None] | None = None,
+) -> None:
+    """Wait until each domain of ``pending`` (name -> decisions) has a verified snapshot that
+    learned from at least that many, and swap it into the domain's SDK (``on_swap(name,
+    active)`` after each). ``check()`` raises if a worker died; ``progress()`` is what moves
+    while learning goes on; raises :class:`Stalled` when it has not moved for ``patience_s``.
+    ``tick()`` runs every round of polling (a live display)."""
+    pending = dict(pending)
+    seen, moved = None, time.monotonic()
+    while pending:
+        check()
+        for name in list(pending):
+            try:
+                active = sources[name].latest()
+            except Exception:  # noqa: BLE001 - nothing published yet, or mid-publish
+                active = None
+            if active is not None and active.samples >= pending[name]:
+                deciders[name].use(active)
+                if on_swap is not None:
+                    on_swap(name, active)
+                del pending[name]
+        if not pending:
+            return
+        now = progress()
+        if now != seen:
+            seen, moved = now, time.monotonic()
+        elif time.monotonic() - moved > patience_s:
+            raise Stalled(pending, now)
+        if tick is not None:
+            tick()
+        time.sleep(0.2)
+
+
+def worker_progress(workers: WorkerProcesses) -> tuple[float, float, float]:
+    """Decisions joined, updates the learner read, snapshots published: what moves while a
+    round is learned (from the workers' /metrics)."""
+
+    def total(worker: str, family: str) -> float:
+        return sum(workers.scrape(worker).get(family, {}).values())
+
+    return (total("join", "banditstream_joins_total"), total("learn", "banditstream_records_in_total"),
+            total("publish", "banditstream_snapshots_published_total"))  # fmt: skip
+
+
+def status(console: Console, text: str):
+    """A spinner on a terminal; elsewhere the text, printed once."""
+    if console.is_terminal:
+        return console.status(text)
+    console.print(text, highlight=False)
+    return contextlib.nullcontext()
 
 
 class Playground:
@@ -133,7 +205,7 @@ class Playground:
         (self.workdir / "logs").mkdir(exist_ok=True)
         logging.getLogger("publisher").setLevel(logging.ERROR)  # "nothing published yet" while polling
         self._stack = LocalStack(self.workdir / "stack", s3=False)
-        with self._status("starting the embedded broker…"):
+        with status(self.console, "starting the embedded broker…"):
             info = self._stack.up()
         self.kafka = KafkaSettings(bootstrap_servers=info.kafka_bootstrap, profile=info.kafka_profile)
         generate_keys(self.workdir / "keys")
@@ -235,33 +307,18 @@ class Playground:
         for decider in self.deciders.values():
             decider.flush(30)
         self._stamps.clear()  # the round's rewards are sent
-        pending = {name: n for name, n in self.made.items() if n}
         versions: dict[str, str] = {}
-        progress, moved = None, time.monotonic()
-        while pending:
-            self._check()
-            for name in list(pending):
-                try:
-                    active = self.sources[name].latest()
-                except Exception:  # noqa: BLE001 - nothing published yet, or mid-publish
-                    active = None
-                if active is not None and active.samples >= pending[name]:
-                    self.deciders[name].use(active)
-                    versions[name] = active.version
-                    del pending[name]
-            if not pending:
-                break
-            now = self._progress()
-            if now != progress:
-                progress, moved = now, time.monotonic()
-            elif time.monotonic() - moved > self.patience_s:
-                joined, learned, _ = now
-                stage = "join" if joined < self.decided else "learn" if learned < sum(self.made.values()) else "publish"
-                tail = "\n".join(self.workers.tail(stage, 10))
-                raise PlaygroundError(f"nothing moved for {self.patience_s:.0f}s while waiting for a snapshot of "
-                                      f"{', '.join(pending)} ({joined:,.0f} joined, {learned:,.0f} learned of "
-                                      f"{sum(self.made.values()):,} decisions); the {stage} worker's last lines:\n{tail}")  # fmt: skip
-            time.sleep(0.1)
+        try:
+            wait_for_snapshots(self.sources, self.deciders, {name: n for name, n in self.made.items() if n},
+                               progress=lambda: worker_progress(self.workers), check=self._check, patience_s=self.patience_s,
+                               on_swap=lambda name, active: versions.__setitem__(name, active.version))  # fmt: skip
+        except Stalled as stall:
+            joined, learned, _ = stall.progress
+            stage = "join" if joined < self.decided else "learn" if learned < sum(self.made.values()) else "publish"
+            tail = "\n".join(self.workers.tail(stage, 10))
+            raise PlaygroundError(f"nothing moved for {self.patience_s:.0f}s while waiting for a snapshot of "
+                                  f"{', '.join(stall.pending)} ({joined:,.0f} joined, {learned:,.0f} learned of "
+                                  f"{sum(self.made.values()):,} decisions); the {stage} worker's last lines:\n{tail}") from None  # fmt: skip
         return versions
 
     def updates(self, domain: str | None = None) -> list[dict[str, Any]]:
@@ -308,19 +365,6 @@ class Playground:
             self._failed = True
             raise PlaygroundError(str(error)) from error
 
-    def _progress(self) -> tuple[float, float, float]:
-        def total(worker: str, family: str) -> float:
-            return sum(self.workers.scrape(worker).get(family, {}).values())
-
-        return (total("join", "banditstream_joins_total"), total("learn", "banditstream_records_in_total"),
-                total("publish", "banditstream_snapshots_published_total"))  # fmt: skip
-
-    def _status(self, text: str):
-        if self.console.is_terminal:
-            return self.console.status(text)
-        self.console.print(text, highlight=False)
-        return contextlib.nullcontext()
-
 
 def example_arguments(argv: list[str] | None, *, description: str, seed: int, out: Path) -> argparse.Namespace:
     """The command line every example takes: ``--quick``, ``--seed``, ``--out DIR`` (created),
@@ -335,3 +379,13 @@ def example_arguments(argv: list[str] | None, *, description: str, seed: int, ou
     args.out.mkdir(parents=True, exist_ok=True)
     args.json = args.json or args.out / "summary.json"
     return args
+
+
+def write_summary(summary: dict[str, Any], args: argparse.Namespace, console: Console, *, plot: Path, started: float) -> int:
+    """An example's last step: its wall time and plot into ``summary``, the JSON to
+    ``args.json``, and where both are; returns the exit code (0)."""
+    summary["seconds"] = round(time.monotonic() - started, 1)
+    summary["plot"] = str(plot)
+    args.json.write_text(json.dumps(summary, indent=2))
+    console.print(f"plot: [bold]{plot}[/]  summary: [bold]{args.json}[/]")
+    return 0

@@ -17,7 +17,6 @@ Four steps, every one through the real stack (see README.md here):
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from pathlib import Path
@@ -28,7 +27,7 @@ from rich.table import Table
 
 import assistant
 from banditstream.evaluate import load_log, parse_candidates
-from banditstream.playground import Playground, example_arguments
+from banditstream.playground import Playground, example_arguments, write_summary
 from banditstream.stats import leaderboard
 from banditstream.stats import table as leaderboard_table
 from learner.domain import DomainSettings
@@ -93,14 +92,9 @@ def main(argv: list[str] | None = None) -> int:
     console.print(leaderboard_table(board))
 
     summary = summarise(live, offline, n_rounds, per_round, args, versions, board)
-    summary["seconds"] = round(time.monotonic() - started, 1)
     console.print(summary_table(summary))
     plot(live, offline, n_rounds, args.out / "adaptation_loop.png")
-    summary["plot"] = str(args.out / "adaptation_loop.png")
-    json_path = args.json
-    json_path.write_text(json.dumps(summary, indent=2))
-    console.print(f"plot: [bold]{summary['plot']}[/]  summary: [bold]{json_path}[/]")
-    return 0
+    return write_summary(summary, args, console, plot=args.out / "adaptation_loop.png", started=started)
 
 
 def evaluate_offline(log_path: Path, history: list[assistant.Question], seed: int) -> dict:

@@ -25,7 +25,7 @@ from rich.console import Console
 from rich.table import Table
 
 import service
-from banditstream.playground import Playground, example_arguments
+from banditstream.playground import Playground, example_arguments, write_summary
 from learner.reward import RewardConfig, RewardEngine
 
 HERE = Path(__file__).parent
@@ -97,14 +97,9 @@ def main(argv: list[str] | None = None) -> int:
                     loop.learn()
         restore = dump_and_restore(loop, args.out / "dump", console)
     summary = summarise(record, truth, violations, restore, args, n_shadow, n_live, per_round)
-    summary["seconds"] = round(time.monotonic() - started, 1)
     console.print(summary_table(summary))
     plot(record, truth, n_live, args.out / "core_rl.png")
-    summary["plot"] = str(args.out / "core_rl.png")
-    json_path = args.json
-    json_path.write_text(json.dumps(summary, indent=2))
-    console.print(f"plot: [bold]{summary['plot']}[/]  summary: [bold]{json_path}[/]")
-    return 0
+    return write_summary(summary, args, console, plot=args.out / "core_rl.png", started=started)
 
 
 def prime_shields(loop: Playground, rng: np.random.Generator) -> None:
