@@ -554,7 +554,9 @@ class PartitionState:
                 if key in held:
                     held.discard(key)
                     out.append((key, encode_entry(entry)))
-        resume = dict(self.offsets)
+        # Not the offsets: a record between this session's position and them was held in memory
+        # by the worker before (its replay not read yet), and must still be read after a restart.
+        resume = dict(self.position)
         for topic, records in self._held_records.items():
             while records and records[0][1] not in held:
                 records.popleft()

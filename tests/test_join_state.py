@@ -244,6 +244,36 @@ def test_held_entries_move_the_resume_point_back_and_finishing_them_forward(tmp_
     db.close()
 
 
+def test_a_worker_that_dies_before_its_replay_reached_a_topic_leaves_that_topic_s_resume_point(tmp_path):
+    """Records held only in memory by a worker that died are read again by the next; if that
+    one dies too, having read again only the decisions, the rewards' resume point stays where it
+    was, so the third reads them again as well (it moved to the rewards' stored offset: the
+    join-faults test's third worker skipped 1,845 rewards and learned their decisions as default)."""
+    core, db = join_core(), open_db(tmp_path / "db")
+    rng = random.Random(2)
+    records = [("decisions", 0, decision("ev-0", "ranker", rng, T0)), ("rewards", 0, reward("ev-0", "ev-0-r", "ranker", rng, T0 + 5))]
+
+    def read(part: PartitionState, topics: tuple[str, ...]) -> PartitionState:
+        for topic, offset, event in records:
+            if topic in topics and offset >= part.position.get(topic, 0):
+                part.handled(topic, offset)
+                source = DeadLetter(topic, 0, offset, b"", b"")
+                (core.decision if topic == "decisions" else core.reward)(part, event, source, Outputs())
+        persist(part, db, Counter())
+        return part
+
+    read(PartitionState(0, db, core.domains, 100), ("decisions", "rewards"))  # held in memory, then killed
+    second = PartitionState(0, db, core.domains, 100)
+    assert second.resume == {"decisions": 0, "rewards": 0}
+    read(second, ("decisions",))  # killed before its reader handed over a reward
+    third = read(PartitionState(0, db, core.domains, 100), ("decisions", "rewards"))
+    assert third.resume == {"decisions": 0, "rewards": 0}
+    out = Outputs()
+    fire_until(core, third, out, T0 + WINDOW_MS + GRACE_MS + 10)
+    assert [(u["event_id"], u["join_status"]) for _, u in out.updates] == [("ev-0", "rewarded")]
+    db.close()
+
+
 def test_an_entry_written_before_the_update_was_pickled_apart_still_loads():
     update = {"event_id": "e1", "features": [0.5, -1.0], "_shard": "t/w/d/a"}
     rewards = {"r1": (T0, {"success": 1.0}, None)}
