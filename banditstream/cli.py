@@ -534,7 +534,7 @@ def replay(
     from banditstream import replay as replay_module
     from streams.client import EventProducer
 
-    settings = state.settings()
+    settings = state.settings() if dry_run else _process_settings("replay")
     result = replay_module.read_log(
         path,
         domain=domain,
@@ -559,6 +559,7 @@ def replay(
             EventProducer(settings.kafka),
             decisions_topic=settings.topics.decisions,
             rewards_topic=settings.topics.rewards,
+            registry=settings.registry,
             progress=lambda n: progress.advance(task, n),
         )
     console.print(f"produced {sent} events to {settings.topics.decisions} and {settings.topics.rewards}")

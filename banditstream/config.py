@@ -28,10 +28,10 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 
 from learner.domain import DomainSettings
-from streams.settings import KafkaSettings, RegistrySettings, TopicSettings
+from streams.settings import ConfigSection, KafkaSettings, RegistrySettings, TopicSettings
 from streams.validation import DomainLimits, ValidationLimits
 from streams.worker import WorkerConfig
 
@@ -44,20 +44,29 @@ class ConfigError(ValueError):
     """The configuration is invalid; the message is one line naming the field."""
 
 
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class S3Settings(_Section):
-    """Where the S3 API is (for an S3 snapshot store)."""
+class S3Settings(ConfigSection):
+    """Where the S3 API is (for an S3 snapshot store), and its credentials: keys here (the
+    secret from the environment or ``secret_access_key_file``), a named ``profile``, or
+    neither, and boto3's standard chain finds them (``AWS_*`` variables, ``~/.aws``, a pod's
+    IRSA web identity, the instance role)."""
 
     endpoint_url: str | None = Field(None, description="None: AWS itself")
     access_key_id: str | None = None
-    secret_access_key: str | None = None
+    secret_access_key: SecretStr | None = Field(None, description="or secret_access_key_file")
+    session_token: SecretStr | None = Field(None, description="with temporary keys; or session_token_file")
+    profile: str | None = Field(None, description="a profile of ~/.aws/config and credentials")
     region: str = "us-east-1"
 
+    @model_validator(mode="after")
+    def _keys_go_together(self) -> "S3Settings":
+        if (self.access_key_id is None) != (self.secret_access_key is None):
+            raise ValueError("access_key_id and secret_access_key go together (or neither: boto3's standard chain)")
+        if self.profile and self.access_key_id:
+            raise ValueError("profile and access_key_id: give one")
+        return self
 
-class StoreSettings(_Section):
+
+class StoreSettings(ConfigSection):
     """Local state of the workers and where signed snapshots live."""
 
     state_dir: str = Field(".banditstream/state", description="RocksDB shards and join tables live here")
@@ -66,7 +75,7 @@ class StoreSettings(_Section):
     )
 
 
-class PublishSettings(_Section):
+class PublishSettings(ConfigSection):
     """The publisher: keys, cadence, channels, guards, retention."""
 
     keys_dir: str = Field(".banditstream/keys", description="Ed25519 keys and root.json from `banditstream keys generate`")
@@ -80,7 +89,7 @@ class PublishSettings(_Section):
     timestamp_expiry_s: float = Field(86_400.0, gt=0)
 
 
-class SdkSettings(_Section):
+class SdkSettings(ConfigSection):
     """The SDK's pull side."""
 
     trusted_root: str | None = Field(None, description="root.json every client trusts; default: keys_dir/root.json")
@@ -89,7 +98,7 @@ class SdkSettings(_Section):
     refresh_interval_s: float = Field(5.0, gt=0)
 
 
-class MetricsSettings(_Section):
+class MetricsSettings(ConfigSection):
     port: int = Field(0, ge=0, le=65535, description="Prometheus port of a worker; 0 picks a free one")
     host: str = Field(
         "127.0.0.1", min_length=1,
@@ -97,7 +106,7 @@ class MetricsSettings(_Section):
     )  # fmt: skip
 
 
-class LimitSettings(_Section):
+class LimitSettings(ConfigSection):
     """What the boundary accepts (streams.validation.ValidationLimits): the SDK refuses it at
     decide(), the workers dead-letter it with reason ``field_too_large`` (``too_many_actions``)."""
 
@@ -124,7 +133,7 @@ class LimitSettings(_Section):
         return value
 
 
-class ServeRoute(_Section):
+class ServeRoute(ConfigSection):
     """Where one key's Personalizer calls go (empty: the tree's tenant and workspace, ``serve.domain``)."""
 
     tenant: str | None = None
@@ -148,7 +157,7 @@ class ServeRoute(_Section):
         return value
 
 
-class ServeSettings(_Section):
+class ServeSettings(ConfigSection):
     """``banditstream serve``: the Personalizer-compatible REST service.
 
     Keys are secrets: ``config show`` prints them as ``**********``. They come from ``keys``
@@ -188,7 +197,7 @@ class ServeSettings(_Section):
         return value
 
 
-class Settings(_Section):
+class Settings(ConfigSection):
     """The whole tree."""
 
     tenant: str = "default"
@@ -261,7 +270,11 @@ class Settings(_Section):
             kwargs["endpoint_url"] = self.s3.endpoint_url
         if self.s3.access_key_id:
             kwargs["aws_access_key_id"] = self.s3.access_key_id
-            kwargs["aws_secret_access_key"] = self.s3.secret_access_key
+            kwargs["aws_secret_access_key"] = self.s3.secret_access_key.get_secret_value()
+            if self.s3.session_token is not None:
+                kwargs["aws_session_token"] = self.s3.session_token.get_secret_value()
+        if self.s3.profile:
+            kwargs["profile_name"] = self.s3.profile
         return kwargs
 
     @property
@@ -375,6 +388,10 @@ def _set_path(tree: dict[str, Any], keys: tuple[str, ...], value: Any) -> None:
     node[keys[-1]] = value
 
 
+#: Fields whose invalid value an error must not repeat.
+_SECRETISH = re.compile(r"password|secret|token|user_info|^keys$|^url$")
+
+
 def _one_line(exc: ValidationError, sources: dict[tuple[str, ...], str], path) -> str:
     error = exc.errors()[0]
     loc = tuple(str(part) for part in error["loc"])
@@ -383,7 +400,8 @@ def _one_line(exc: ValidationError, sources: dict[tuple[str, ...], str], path) -
     if error["type"] == "extra_forbidden":
         message = "unknown field"
     got = error.get("input")
-    shown = "" if error["type"] in ("missing",) or isinstance(got, dict) else f" (got {got!r})"
+    secret = any(_SECRETISH.search(part) for part in loc)  # never echo a secret (or a URL that may hold one)
+    shown = "" if error["type"] in ("missing",) or isinstance(got, dict) or secret else f" (got {got!r})"
     # the variable that set this field, or (for a section-level error) one that set a field in it
     origin = next((name for keys, name in sources.items() if loc[: len(keys)] == keys), None)
     origin = origin or next((name for keys, name in sources.items() if keys[: len(loc)] == loc), None)

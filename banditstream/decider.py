@@ -75,8 +75,7 @@ from learner.domain import DomainSettings
 from learner.features import FeatureEncoder
 from learner.policies import Policy
 from streams.errors import EmptyActions, NonFiniteFeature, TooManyActions, WrongDimension
-from streams.serde import AvroSerde
-from streams.settings import KafkaSettings, TopicSettings
+from streams.settings import KafkaSettings, RegistrySettings, TopicSettings
 from streams.validation import ValidationLimits, Validator
 
 log = logging.getLogger(__name__)
@@ -260,6 +259,10 @@ class Decider:
             candidate's channel with its own ``cache_dir``). None: no shadow.
         kafka: where to emit events (``KafkaSettings`` or a bootstrap string); None emits
             nothing (offline use, tests).
+        schema_registry: the deployment's registry and framing (``settings.registry``), so
+            the events are framed as every other producer of their topics frames them; None:
+            the single-object encoding (a deployment without a registry). With the Confluent
+            framing the schemas' ids are looked up (or registered) here, once, not in decide().
         mode: ``live``, ``shadow`` or ``off``; environment switches override it.
         settings: the domain's settings (policy, features, reward); default settings if None.
         refresh_interval_s: how often the background thread looks for a newer snapshot.
@@ -295,6 +298,7 @@ class Decider:
         canary_repository: SnapshotSource | None = None,
         canary_share: float | None = None,
         shadow_repository: SnapshotSource | None = None,
+        schema_registry: RegistrySettings | None = None,
     ):
         self.domain = domain
         self.tenant = tenant
@@ -314,8 +318,13 @@ class Decider:
         self._max_actions = self._validator.max_actions_of(self.settings.max_actions)
         for name, value in (("tenant", tenant), ("workspace", workspace), ("domain", domain)):
             self._validator.check_id_size(value, name)
-        self._serde_decision = AvroSerde("decision", framing="single_object")
-        self._serde_reward = AvroSerde("reward", framing="single_object")
+        events = schema_registry or RegistrySettings()
+        client = events.client() if kafka is not None else None
+        self._serde_decision = events.serde("decision", self.topics.decisions, client=client)
+        self._serde_reward = events.serde("reward", self.topics.rewards, client=client)
+        if client is not None:  # the ids now: a registry away fails here, not inside decide()
+            self._serde_decision.header()
+            self._serde_reward.header()
         self._tracker = _Tracker()
         self._decisions = {c: {m: self.metrics.decisions.labels(domain, m, c) for m in MODES} for c in CHANNELS}
         self._decide_latency = self.metrics.decide_latency.labels(domain)

@@ -33,7 +33,7 @@ import schemas
 
 from streams.client import EventProducer
 from streams.errors import BanditstreamError
-from streams.serde import AvroSerde
+from streams.settings import RegistrySettings
 from streams.validation import Validator
 
 
@@ -81,10 +81,14 @@ def read_log(
     return _read_jsonl(path, domain, actions, tenant, workspace, validator)
 
 
-def produce(result: ReplayResult, producer: EventProducer, *, decisions_topic: str, rewards_topic: str, progress=None) -> int:
-    """Send the events (decisions first, each reward after its decision); returns the count."""
-    decision_serde = AvroSerde("decision", framing="single_object")
-    reward_serde = AvroSerde("reward", framing="single_object")
+def produce(result: ReplayResult, producer: EventProducer, *, decisions_topic: str, rewards_topic: str,
+            registry: RegistrySettings | None = None, progress=None) -> int:
+    """Send the events (decisions first, each reward after its decision), framed as the
+    deployment's ``registry`` says (None: single-object); returns the count."""
+    events = registry or RegistrySettings()
+    client = events.client()
+    decision_serde = events.serde("decision", decisions_topic, client=client)
+    reward_serde = events.serde("reward", rewards_topic, client=client)
     sent = 0
     for decision in result.decisions:
         producer.send(decisions_topic, decision_serde, decision)

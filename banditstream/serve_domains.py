@@ -154,7 +154,7 @@ class DomainLoop:
         return Decider(
             w.domain, stable, kafka=s.kafka, settings=self.domain_settings, tenant=w.tenant, workspace=w.workspace,
             topics=s.topics, refresh_interval_s=self.extras.model_export_frequency_s, spool_path=spool,
-            limits=s.validation_limits(), seed=seed, canary_repository=canary,
+            limits=s.validation_limits(), seed=seed, canary_repository=canary, schema_registry=s.registry,
         )  # fmt: skip
 
     # -- deciding -------------------------------------------------------------------------

@@ -270,7 +270,8 @@ class S3Store(SnapshotStore):
             from botocore.config import Config
 
             config = Config(retries={"max_attempts": 3, "mode": "standard"}, connect_timeout=5, read_timeout=30)
-            client = boto3.client("s3", config=config, **client_kwargs)
+            profile = client_kwargs.pop("profile_name", None)  # a named profile needs its own session
+            client = (boto3.Session(profile_name=profile) if profile else boto3).client("s3", config=config, **client_kwargs)
         from botocore.exceptions import BotoCoreError, ClientError
 
         self._client = client

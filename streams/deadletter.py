@@ -38,11 +38,11 @@ class DeadLetters:
     committed offset never passes a bad record whose dead letter is not on the topic.
     """
 
-    def __init__(self, producer: EventProducer, topic: str, *, worker: str, serde: AvroSerde | None = None, on_dead_letter=None):
+    def __init__(self, producer: EventProducer, topic: str, *, worker: str, serde: AvroSerde, on_dead_letter=None):
         self.producer = producer
         self.topic = topic
         self.worker = worker
-        self.serde = serde or AvroSerde("deadletter", framing="single_object")
+        self.serde = serde  # the deployment's framing, as every other producer of the topic
         self.on_dead_letter = on_dead_letter  # e.g. a metrics hook: f(reason)
         self.counts: dict[str, int] = {}
         #: dead letters not acknowledged yet: key -> (value, value without the refused bytes)

@@ -84,6 +84,13 @@ class BanditstreamError(Exception):
         return (type(self), (self.field, self.value, self.explanation))
 
 
+class RegistryError(BanditstreamError):
+    """The schema registry refused (credentials, an unregistered subject) or could not be
+    reached while a schema's id was looked up or registered."""
+
+    reason: ClassVar[str] = "registry"
+
+
 # --- decoding ---------------------------------------------------------------------------
 
 

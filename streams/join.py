@@ -96,6 +96,7 @@ from streams.deadletter import DeadLetters, reason_of
 from streams.errors import DecodeError, ValidationError
 from streams.metrics import WorkerMetrics
 from streams.partitioning import key_partition
+from streams.security import faust_credentials
 from streams.topics import check_topics
 from streams.validation import Validator
 from streams.worker import NORMALIZER_POLICY, WorkerConfig
@@ -271,18 +272,20 @@ class JoinWorker:
         self.topics = config.topics
         self.core = JoinCore(config.domains, self.options)
         self.validator = Validator(config.limits)
-        self.decision_serde = config.serde("decision", topic=config.topics.decisions)
-        self.reward_serde = config.serde("reward", topic=config.topics.rewards)
-        self.update_serde = config.serde("update", topic=config.topics.updates)
-        self.posterior_serde = config.serde("posterior", topic=config.topics.posterior)
+        registry = config.registry_client()
+        self.decision_serde = config.serde("decision", topic=config.topics.decisions, registry=registry)
+        self.reward_serde = config.serde("reward", topic=config.topics.rewards, registry=registry)
+        self.update_serde = config.serde("update", topic=config.topics.updates, registry=registry)
+        self.posterior_serde = config.serde("posterior", topic=config.topics.posterior, registry=registry)
         self.metrics = WorkerMetrics("join")
         # Reports of failures only: flush() still raises on one, and a delivery callback per
         # UpdateEvent was ~3% of the join's CPU.
         self.producer = EventProducer(config.kafka, **{"delivery.report.only.error": True})
         self.changelog_producer = Producer(config.kafka.producer_config())
         self.deadletters = DeadLetters(
-            self.producer, config.topics.deadletter, worker="join", on_dead_letter=self.metrics.dead_letter
-        )
+            self.producer, config.topics.deadletter, worker="join", serde=config.deadletter_serde(registry),
+            on_dead_letter=self.metrics.dead_letter,
+        )  # fmt: skip
         reader_config = config.kafka.consumer_config(f"banditstream-join.{config.topics.decisions}.reader")
         self.reader = SourceReader(
             reader_config, config.topics.decisions, config.topics.rewards,
@@ -315,6 +318,7 @@ class JoinWorker:
         app = _JoinApp(
             app_id,
             broker=brokers,
+            broker_credentials=faust_credentials(config.kafka),
             datadir=str(config.state_dir / "join"),
             store="rocksdb://",
             topic_partitions=config.topics.partitions,

@@ -106,7 +106,6 @@ from streams.client import EventProducer
 from streams.deadletter import DeadLetters
 from streams.errors import DecodeError, UnknownDomain, ValidationError, WrongDimension
 from streams.metrics import WorkerMetrics
-from streams.serde import AvroSerde
 from streams.topics import TopicError, check_topics
 from streams.validation import Validator
 from streams.worker import WorkerConfig
@@ -126,7 +125,6 @@ __all__ = [
 log = logging.getLogger("banditstream.learn")
 
 WORKER = "learn"
-_DEAD_LETTER_OVERHEAD = 64 << 10
 _MODEL_KEY_CACHE = 100_000
 #: Bound on |feature|, |reward| and weight: squares and sums of many stay far from overflow,
 #: so one record can never make a model's statistics infinite (and every later block fail).
@@ -254,20 +252,11 @@ class Learner:
             ["partition"], registry=registry_,
         )  # fmt: skip
 
-        deadletter_serde = AvroSerde(
-            "deadletter",
-            framing=config.registry.effective_framing,
-            registry=registry,
-            topic=config.topics.deadletter,
-            subject_strategy=config.registry.subject_strategy,
-            # a dead letter carries the refused bytes, which may be as large as the limit allows
-            max_payload_bytes=config.limits.max_payload_bytes + _DEAD_LETTER_OVERHEAD,
-        )
         self.dead_letters = DeadLetters(
             EventProducer(config.kafka),
             config.topics.deadletter,
             worker=WORKER,
-            serde=deadletter_serde,
+            serde=config.deadletter_serde(registry),
             on_dead_letter=self.metrics.dead_letter,
         )
         self._producer = Producer(config.kafka.producer_config())

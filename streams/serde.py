@@ -52,6 +52,7 @@ from streams.errors import (
     DecodeError,
     IncompatibleSchema,
     OversizePayload,
+    RegistryError,
     TruncatedPayload,
     UnknownFingerprint,
     UnknownFraming,
@@ -120,6 +121,8 @@ class AvroSerde:
             :class:`OversizePayload`.
         auto_register: register the schema under the subject on first encode (else it must
             already be registered there).
+        use_latest_version: write with the subject's latest registered schema and its id
+            (Confluent's ``use.latest.version``; the records must fit it), not our own.
     """
 
     def __init__(
@@ -134,6 +137,7 @@ class AvroSerde:
         version: int | None = None,
         max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
         auto_register: bool = True,
+        use_latest_version: bool = False,
     ) -> None:
         if framing not in ("confluent", "single_object"):
             raise ValueError(f"framing must be 'confluent' or 'single_object', not {framing!r}")
@@ -144,6 +148,7 @@ class AvroSerde:
         self.registry = registry
         self.max_payload_bytes = max_payload_bytes
         self.auto_register = auto_register
+        self.use_latest_version = use_latest_version
         self.version = version
         self._writer_json = schemas.load(name, version)
         self._reader_json = schemas.load(name)
@@ -205,11 +210,26 @@ class AvroSerde:
             raise ValueError("no registry subject: pass topic= or subject= to AvroSerde")
         from confluent_kafka.schema_registry import Schema
 
-        schema = Schema(schemas.schema_str(self.name, self.version), "AVRO")
-        if self.auto_register:
-            schema_id = self.registry.register_schema(self.subject, schema)
-        else:
-            schema_id = self.registry.lookup_schema(self.subject, schema).schema_id
+        from confluent_kafka.schema_registry.error import SchemaRegistryError
+
+        try:
+            if self.use_latest_version:
+                registered = self.registry.get_latest_version(self.subject)
+                writer = json.loads(registered.schema.schema_str)
+                self._write_fast = _avrocodec.build_writer(writer)
+                self._write_fallback_schema = fastavro.parse_schema(writer)
+                return CONFLUENT_MAGIC + int(registered.schema_id).to_bytes(4, "big")
+            schema = Schema(schemas.schema_str(self.name, self.version), "AVRO")
+            if self.auto_register:
+                schema_id = self.registry.register_schema(self.subject, schema)
+            else:
+                schema_id = self.registry.lookup_schema(self.subject, schema).schema_id
+        except SchemaRegistryError as exc:
+            hint = " (register it, or set registry.auto_register_schemas)" if exc.http_status_code == 404 else ""
+            raise RegistryError("subject", self.subject, f"the schema registry answered {exc.http_status_code}: "
+                                                         f"{exc.error_message}{hint}") from None
+        except Exception as exc:  # the client's transport errors (httpx's) share no base with OSError
+            raise RegistryError("subject", self.subject, f"the schema registry could not be reached: {exc}") from None
         return CONFLUENT_MAGIC + int(schema_id).to_bytes(4, "big")
 
     # -- decoding ----------------------------------------------------------------------

@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from confluent_kafka import KafkaException
+from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from streams.settings import KafkaSettings, TopicSettings
@@ -50,7 +50,7 @@ def ensure_topics(kafka: KafkaSettings, topics: TopicSettings, *, timeout: float
     Existing topics are left alone (creation is idempotent), then the shape is verified:
     co-partitioning of decisions and rewards is a hard requirement of the join.
     """
-    admin = AdminClient(kafka.client_config())
+    admin = admin_client(kafka)
     existing = _partition_counts(admin, timeout)
     missing = [spec for spec in topic_specs(topics) if spec.name not in existing]
     if missing:
@@ -90,7 +90,7 @@ def verify_copartitioning(counts: dict[str, int], topics: TopicSettings) -> None
 
 def check_topics(kafka: KafkaSettings, topics: TopicSettings, *, timeout: float = 10.0) -> dict[str, int]:
     """Verify at a worker's start-up that the topics exist and are co-partitioned."""
-    counts = _partition_counts(AdminClient(kafka.client_config()), timeout)
+    counts = _partition_counts(admin_client(kafka), timeout)
     for name in topics.names().values():
         if name not in counts:
             raise TopicError(f"topic {name!r} does not exist; run `banditstream topics create`")
@@ -98,12 +98,33 @@ def check_topics(kafka: KafkaSettings, topics: TopicSettings, *, timeout: float 
     return counts
 
 
+def admin_client(kafka: KafkaSettings) -> AdminClient:
+    """An admin client whose broker refusals (authentication, TLS) :func:`_partition_counts`
+    reports at once: librdkafka only retries them, so a wrong password would look like a
+    broker that never answers."""
+    refused: list[KafkaError] = []
+    admin = AdminClient(kafka.client_config(error_cb=refused.append))
+    admin.refused = refused
+    return admin
+
+
+_REFUSALS = (KafkaError._AUTHENTICATION, KafkaError._SSL)
+
+
 def _partition_counts(admin: AdminClient, timeout: float) -> dict[str, int]:
-    try:
-        metadata = admin.list_topics(timeout=timeout)
-    except KafkaException as exc:
-        raise TopicError(f"cannot reach the broker: {exc.args[0].str()}") from None
-    return {name: len(topic.partitions) for name, topic in metadata.topics.items() if topic.error is None}
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            metadata = admin.list_topics(timeout=min(1.0, max(0.1, deadline - time.monotonic())))
+        except KafkaException as exc:
+            refusal = next((e for e in getattr(admin, "refused", []) if e.code() in _REFUSALS), None)
+            if refusal is not None:
+                raise TopicError(f"the broker refused this client: {refusal.str()} (check kafka.security_protocol, "
+                                 "kafka.sasl_* and kafka.ssl_*)") from None
+            if time.monotonic() < deadline:
+                continue
+            raise TopicError(f"cannot reach the broker: {exc.args[0].str()}") from None
+        return {name: len(topic.partitions) for name, topic in metadata.topics.items() if topic.error is None}
 
 
 def _wait_for_topics(admin: AdminClient, names: list[str], created: dict[str, int], timeout: float) -> dict[str, int]:

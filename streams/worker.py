@@ -23,6 +23,9 @@ from streams.validation import ValidationLimits
 #: its snapshots, so the SDK z-scores features as the join did.
 NORMALIZER_POLICY = "normalizer"
 
+#: Room a dead letter needs around the refused bytes it carries (source, reason, message).
+DEAD_LETTER_OVERHEAD = 64 << 10
+
 
 @dataclass(frozen=True)
 class WorkerConfig:
@@ -43,21 +46,13 @@ class WorkerConfig:
 
     def registry_client(self):
         """A schema registry client, or None when events use the single-object encoding."""
-        if not self.registry.url:
-            return None
-        from confluent_kafka.schema_registry import SchemaRegistryClient
-
-        return SchemaRegistryClient.new_client({"url": self.registry.url})
+        return self.registry.client()
 
     def serde(self, name: str, topic: str | None = None, registry=None) -> AvroSerde:
         """The serde for one event type in the configured framing (decoding reads both)."""
-        framing = self.registry.effective_framing
-        client = registry if registry is not None else (self.registry_client() if framing == "confluent" else None)
-        return AvroSerde(
-            name,
-            framing=framing,
-            registry=client,
-            topic=topic,
-            subject_strategy=self.registry.subject_strategy,
-            max_payload_bytes=self.limits.max_payload_bytes,
-        )
+        return self.registry.serde(name, topic, client=registry, max_payload_bytes=self.limits.max_payload_bytes)
+
+    def deadletter_serde(self, registry=None) -> AvroSerde:
+        """The dead letters' serde: they carry the refused bytes, up to the payload limit."""
+        return self.registry.serde("deadletter", self.topics.deadletter, client=registry,
+                                   max_payload_bytes=self.limits.max_payload_bytes + DEAD_LETTER_OVERHEAD)
