@@ -21,10 +21,7 @@ did not):
 from __future__ import annotations
 
 import email.utils
-import json
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -107,11 +104,17 @@ def run_checks(settings: Settings, *, timeout_s: float = 5.0) -> list[Check]:
         if url.startswith("mock://"):
             raise _Failed(f"{url!r} is confluent-kafka's registry inside one process",
                           "give registry.url a registry server's http(s):// URL, or none")
+        from confluent_kafka.schema_registry.error import SchemaRegistryError
+
+        client = settings.registry.client()
         try:
-            with urllib.request.urlopen(url.rstrip("/") + "/subjects", timeout=timeout_s) as response:
-                subjects = json.loads(response.read())
-        except (urllib.error.URLError, OSError, ValueError) as exc:
-            raise _Failed(f"{url}: {exc}", "check registry.url and that the registry runs") from None
+            subjects = client.get_subjects()
+        except SchemaRegistryError as exc:
+            fix = ("check registry.basic_auth_user_info or registry.bearer_token" if exc.http_status_code in (401, 403)
+                   else "check registry.url and that the registry runs")
+            raise _Failed(f"{url}: {exc.http_status_code} {exc.error_message}", fix) from None
+        except Exception as exc:  # the client's transport errors (httpx's)
+            raise _Failed(f"{url}: {exc}", "check registry.url, registry.ssl_* and that the registry runs") from None
         return f"{url}: {len(subjects)} subjects"
 
     store_holder: list = []

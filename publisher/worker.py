@@ -52,6 +52,7 @@ from publisher.signing import KeyRing
 from publisher.snapshot import SourceOffset
 from publisher.stores import SnapshotStore
 from streams.client import BatchConsumer
+from streams.topics import check_topics
 from streams.worker import NORMALIZER_POLICY, WorkerConfig
 
 __all__ = ["PosteriorTable", "PublisherSettings", "PublisherStats", "policy_from_shards", "run_publisher"]
@@ -396,6 +397,7 @@ def run_publisher(
     """Run the publisher until ``stop`` is set (or ``idle_timeout`` seconds pass without records)."""
     if not config.domains:
         raise PublisherError("the publisher needs at least one configured domain")
+    check_topics(config.kafka, config.topics)  # a broker away or refusing the credentials: said now
     worker = _PublisherWorker(config, settings, metrics)
     log.info(
         "publisher for %s/%s: domains %s, every %d updates or %.0fs, to %s",

@@ -117,6 +117,7 @@ def _partition_counts(admin: AdminClient, timeout: float) -> dict[str, int]:
         try:
             metadata = admin.list_topics(timeout=min(1.0, max(0.1, deadline - time.monotonic())))
         except KafkaException as exc:
+            admin.poll(0)  # serves the error callbacks
             refusal = next((e for e in getattr(admin, "refused", []) if e.code() in _REFUSALS), None)
             if refusal is not None:
                 raise TopicError(f"the broker refused this client: {refusal.str()} (check kafka.security_protocol, "

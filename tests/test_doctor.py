@@ -16,6 +16,7 @@ from banditstream.doctor import run_checks
 from publisher.repository import create_root
 from publisher.signing import KeyRing
 from streams.topics import ensure_topics
+from tests.registry_server import RegistryServer
 
 pytestmark = pytest.mark.integration
 
@@ -81,3 +82,13 @@ def test_each_broken_piece_fails_its_check_with_the_fix_named(setup, tmp_path, c
     config.write_text(json.dumps({**setup, "registry": {"url": "mock://team"}}))
     assert main(["--config", str(config), "doctor"]) == 1
     assert "FAILED" in capsys.readouterr().out
+
+
+def test_the_registry_check_uses_the_configured_credentials(setup):
+    with RegistryServer(basic_auth=("team", "right-password")) as server:
+        right = statuses({**setup, "registry": {"url": server.url, "basic_auth_user_info": "team:right-password"}})
+        wrong = statuses({**setup, "registry": {"url": server.url, "basic_auth_user_info": "team:wrong-password"}})
+    assert right["registry"][0] == "ok" and "0 subjects" in right["registry"][1], right["registry"]
+    status, detail, fix = wrong["registry"]
+    assert status == "failed" and "401" in detail and "registry.basic_auth_user_info" in fix, wrong["registry"]
+    assert "wrong-password" not in detail + fix
