@@ -17,7 +17,7 @@ import time
 import fastavro
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
-from confluent_kafka.schema_registry import SchemaRegistryClient
+from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 from confluent_kafka.schema_registry.avro import AvroDeserializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 
@@ -31,7 +31,7 @@ from streams.learn import run_learner
 from streams.settings import RegistrySettings
 from streams.topics import ensure_topics
 from tests import join_helpers as H
-from tests.registry_server import RegistryServer
+from tests.registry_server import RegistryServer, make_self_signed_cert
 
 USER, PASSWORD = "banditstream", "registry-password-7f3a"
 SERDE_OF = {"decisions": "decision", "rewards": "reward", "updates": "update", "posterior": "posterior",
@@ -151,3 +151,36 @@ def test_wrong_registry_credentials_fail_the_sdk_at_once_with_the_reason(kafka, 
                 schema_registry=_registry_settings(registry, "confluent", password="not-the-password"))
     assert time.monotonic() - started < 5
     assert "not-the-password" not in str(refused.value) and topics.decisions in str(refused.value)
+
+
+def _decision_record(rng: random.Random) -> dict:
+    return H.decision("e-1", "routing", rng, H.now_ms())
+
+
+def test_registry_tls_and_a_bearer_token_come_from_the_settings(tmp_path):
+    ca, cert, key = make_self_signed_cert(tmp_path)
+    with RegistryServer(bearer_token="token-5d2e", tls=(cert, key)) as server:
+        settings = RegistrySettings(url=server.url, bearer_token="token-5d2e", bearer_logical_cluster="lsrc-1",
+                                    ssl_ca_location=ca)
+        serde = settings.serde("decision", "t.decisions")
+        encoded = serde.encode(_decision_record(random.Random(1)))
+        assert encoded[:1] == b"\x00" and serde.subject == "t.decisions-value"
+        assert all(r.authorization == "Bearer token-5d2e" for r in server.requests)
+        untrusted = RegistrySettings(url=server.url, bearer_token="token-5d2e", bearer_logical_cluster="lsrc-1")
+        with pytest.raises(RegistryError, match="could not be reached"):  # the system CAs do not know the test CA
+            untrusted.serde("decision", "t.decisions").header()
+
+
+def test_without_auto_registration_the_subject_must_exist_and_use_latest_version_writes_what_is_registered(registry):
+    settings = RegistrySettings(url=registry.url, basic_auth_user_info=f"{USER}:{PASSWORD}", auto_register_schemas=False)
+    with pytest.raises(RegistryError, match="answered 404.*auto_register_schemas"):
+        settings.serde("decision", "t.decisions").header()
+    client = SchemaRegistryClient(settings.client_config())
+    older = client.register_schema("t.decisions-value", Schema(schemas.schema_str("decision", 1), "AVRO"))
+    latest = settings.model_copy(update={"use_latest_version": True}).serde("decision", "t.decisions")
+    encoded = latest.encode(_decision_record(random.Random(2)))
+    assert int.from_bytes(encoded[1:5], "big") == older  # written as the registered (older) version says
+    read = AvroDeserializer(client)(encoded, SerializationContext("t.decisions", MessageField.VALUE))
+    assert read["event_id"] == "e-1" and set(read) == {f["name"] for f in schemas.load("decision", 1)["fields"]}
+    with pytest.raises(ValueError, match="auto_register_schemas false"):
+        RegistrySettings(url=registry.url, use_latest_version=True)

@@ -206,3 +206,39 @@ def test_the_join_s_faust_app_gets_oidc_tokens_for_oauthbearer(broker, topics):
     asyncio.run(send())
     oauth = [a for a in broker.authentications if a.mechanism == "OAUTHBEARER"]
     assert oauth and all(a.ok and a.principal == broker.oauth_client_id for a in oauth), oauth
+
+
+def test_s3_credentials_come_from_the_config_a_profile_or_boto3_s_standard_chain(s3, tmp_path, monkeypatch):
+    import boto3
+
+    from banditstream.config import Settings
+    from publisher.stores import open_store
+
+    bucket = f"creds-{random.randrange(1 << 30):x}"
+    boto3.client("s3", **s3).create_bucket(Bucket=bucket)
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_PROFILE", "AWS_SHARED_CREDENTIALS_FILE", "AWS_CONFIG_FILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-config"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-credentials"))
+    base = {"endpoint_url": s3["endpoint_url"], "region": s3["region_name"]}
+
+    def round_trip(s3_section: dict, key: str) -> str:
+        """Writes and reads through a store built from the settings; which credentials boto3 used."""
+        settings = Settings.model_validate({"s3": {**base, **s3_section}, "stores": {"snapshots": f"s3://{bucket}/p"}})
+        store = open_store(settings.stores.snapshots, s3=settings.s3_client_kwargs())
+        store.put(key, key.encode())
+        assert store.get(key) == key.encode()
+        credentials = store.client._request_signer._credentials  # (the server here checks no signature)
+        assert credentials.access_key == s3["aws_access_key_id"]
+        return credentials.method
+
+    keys = {"access_key_id": s3["aws_access_key_id"], "secret_access_key": s3["aws_secret_access_key"]}
+    assert round_trip(keys, "from-config") == "explicit"
+    (tmp_path / "credentials").write_text(f"[team]\naws_access_key_id = {s3['aws_access_key_id']}\n"
+                                          f"aws_secret_access_key = {s3['aws_secret_access_key']}\n")
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "credentials"))
+    assert round_trip({"profile": "team"}, "from-profile") == "shared-credentials-file"
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-credentials"))
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", s3["aws_access_key_id"])
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", s3["aws_secret_access_key"])
+    assert round_trip({}, "from-environment") == "env"
