@@ -687,6 +687,55 @@ def stats(
 
 
 @app.command()
+def monitor(
+    once: bool = typer.Option(False, "--once", help="Check once; exit 1 if an alert fires (or something cannot be read)."),
+    interval: Optional[float] = typer.Option(None, "--interval", min=1.0, help="Check every this many seconds until stopped."),
+    window: str = typer.Option("15m", "--window", help="How far back each check looks: seconds, or 90s, 15m, 24h."),
+    stale_after: str = typer.Option("1h", "--stale-after", help="A stable snapshot older than this is stale."),
+    json_path: Optional[Path] = typer.Option(None, "--json", help="Write the latest report here."),
+) -> None:
+    """The loop's health from its own records (joined log, dead letters, group lag, snapshots), and the alerts."""
+    import threading
+    import time
+
+    from banditstream import monitor as mon
+    from banditstream import stats as st
+
+    if once == (interval is not None):
+        raise typer.BadParameter("give --once or --interval SECONDS (one of them)", param_hint="--once/--interval")
+    try:
+        thresholds = mon.Thresholds(window_s=st.parse_window(window), stale_s=st.parse_window(stale_after))
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--window/--stale-after") from None
+    settings = state.settings()
+    stop = threading.Event()
+    if not once:
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, lambda *_: stop.set())
+    previous: mon.Report | None = None
+    while True:
+        with err_console.status("checking"):
+            report = mon.check(settings, thresholds, previous=previous)
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(report.at_ms / 1000))
+        for line in mon.transitions(previous, report) if previous is not None else ():
+            console.print(f"{stamp} {line}", highlight=False, soft_wrap=True)
+        console.print(f"[bold]{stamp}[/]", highlight=False)
+        for table in mon.tables(report):
+            console.print(table)
+        for line in mon.alert_lines(report):
+            console.print(line, highlight=False, soft_wrap=True)
+        if json_path is not None:  # whole or not at all, for whoever reads it meanwhile
+            partial = json_path.with_name(json_path.name + ".partial")
+            partial.write_text(json.dumps(report.to_dict(), indent=2) + "\n", encoding="utf-8")
+            partial.replace(json_path)
+        if once:
+            raise typer.Exit(1 if report.alerts or report.problems else 0)
+        previous = report
+        if stop.wait(interval):
+            return
+
+
+@app.command()
 def doctor() -> None:
     """Check the config against the services it names: broker, topics, registry, snapshot store, keys, clock."""
     from banditstream.doctor import run_checks

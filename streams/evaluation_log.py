@@ -37,14 +37,16 @@ __all__ = ["LogRange", "ReadReport", "read_update_files", "read_updates"]
 @dataclass(frozen=True)
 class LogRange:
     """Which part of the log: offsets to start from per partition (default the earliest),
-    and a decision-time range in epoch ms (inclusive since, exclusive until)."""
+    and a range in epoch ms (inclusive since, exclusive until) of each record's ``field``
+    (an update's decision time; ``timestamp`` for dead letters)."""
 
     start_offsets: Mapping[int, int] | None = None
     since_ms: int | None = None
     until_ms: int | None = None
+    field: str = "decision_time"
 
     def keeps(self, update: Mapping[str, Any]) -> bool:
-        t = update["decision_time"]
+        t = update[self.field]
         return (self.since_ms is None or t >= self.since_ms) and (self.until_ms is None or t < self.until_ms)
 
 
@@ -180,3 +182,25 @@ def _partitions(kafka: KafkaSettings, topic: str) -> list[int]:
     if info is None or info.error is not None:
         raise ValueError(f"topic {topic!r} does not exist")
     return sorted(info.partitions)
+
+
+def log_ends(kafka: KafkaSettings, topic: str, timeout_s: float = 30.0) -> dict[int, int]:
+    """Per partition, the offset after its last record, as fetching finds it: a queried end
+    offset can be short of it (Tansu answers the last batch's first offset + 1), so each
+    partition is read from just below that to where the fetch reports its end."""
+    partitions = _partitions(kafka, topic)
+    consumer = Consumer(kafka.consumer_config(f"banditstream-ends-{uuid.uuid4().hex[:8]}", **{"enable.partition.eof": True}))
+    try:
+        starts = {p: max(0, consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] - 1) for p in partitions}
+        consumer.assign([TopicPartition(topic, p, start) for p, start in starts.items()])
+        ends: dict[int, int] = {}
+        deadline = time.monotonic() + timeout_s
+        while len(ends) < len(partitions):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{topic}: partitions {sorted(set(partitions) - set(ends))} not read to their end")
+            for message in consumer.consume(1000, 0.2):
+                if message.error() is not None and message.error().code() == KafkaError._PARTITION_EOF:
+                    ends[message.partition()] = message.offset()
+        return ends
+    finally:
+        consumer.close()
