@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
@@ -48,7 +48,9 @@ class ConfigSection(BaseModel):
 
     @classmethod
     def secret_fields(cls) -> list[str]:
-        return [name for name, info in cls.model_fields.items() if "SecretStr" in str(info.annotation)]
+        """The fields holding one secret (``SecretStr``, or it or None)."""
+        return [name for name, info in cls.model_fields.items()
+                if info.annotation is SecretStr or set(get_args(info.annotation)) == {SecretStr, type(None)}]
 
 
 def _revealed(value: SecretStr | None) -> str | None:

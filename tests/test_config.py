@@ -125,3 +125,35 @@ def test_cli_prints_one_line_and_exits_2_on_bad_config(tmp_path):
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(lines) == 1, result.stderr
     assert "topics.partitions" in lines[0] and "Traceback" not in result.stderr
+
+
+def test_a_secret_comes_from_a_file_and_is_never_shown(tmp_path):
+    (tmp_path / "password").write_text("s3cret-from-file\n")
+    settings = load_settings(env={
+        "BANDITSTREAM_KAFKA__SECURITY_PROTOCOL": "SASL_SSL", "BANDITSTREAM_KAFKA__SASL_MECHANISM": "SCRAM-SHA-256",
+        "BANDITSTREAM_KAFKA__SASL_USERNAME": "svc", "BANDITSTREAM_KAFKA__SASL_PASSWORD_FILE": str(tmp_path / "password"),
+    })  # fmt: skip
+    assert settings.kafka.client_config()["sasl.password"] == "s3cret-from-file"  # the trailing newline dropped
+    assert "s3cret" not in repr(settings) and "s3cret" not in settings.model_dump_json()
+
+
+@pytest.mark.parametrize(
+    ("env", "expected", "secret"),
+    [
+        ({"BANDITSTREAM_REGISTRY__URL": "https://user:hunter2@registry:8081"},
+         "registry.url: credentials in the URL would be shown and logged", "hunter2"),
+        ({"BANDITSTREAM_KAFKA__EXTRA": '{"sasl.password": "hunter2"}'}, "kafka.extra: 'sasl.password' holds a secret", "hunter2"),
+        ({"BANDITSTREAM_REGISTRY__URL": "https://registry", "BANDITSTREAM_REGISTRY__BASIC_AUTH_USER_INFO": "hunter2"},
+         "basic_auth_user_info must be USER:PASSWORD", "hunter2"),
+        ({"BANDITSTREAM_KAFKA__SASL_PASSWORD": "hunter2", "BANDITSTREAM_KAFKA__SASL_PASSWORD_FILE": "/x"},
+         "sasl_password and sasl_password_file are both set", "hunter2"),
+        ({"BANDITSTREAM_S3__SECRET_ACCESS_KEY_FILE": "/nowhere/key"}, "secret_access_key_file /nowhere/key: No such file", None),
+        ({"BANDITSTREAM_S3__SECRET_ACCESS_KEY": "hunter2"}, "access_key_id and secret_access_key go together", "hunter2"),
+    ],
+)  # fmt: skip
+def test_a_bad_secret_setting_names_the_field_and_never_echoes_the_secret(env, expected, secret):
+    with pytest.raises(ConfigError) as refused:
+        load_settings(env=env)
+    message = str(refused.value)
+    assert expected in message and "\n" not in message, message
+    assert secret is None or secret not in message, message
