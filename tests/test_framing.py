@@ -79,8 +79,10 @@ def _wait(what: str, predicate, timeout: float, state=lambda: "") -> None:
 def test_every_topic_reads_back_in_the_one_configured_framing(kafka, topics, tmp_path, registry, framing):
     ensure_topics(kafka, topics)
     events = _registry_settings(registry, framing)
-    settings = H.settings(kafka, topics, tmp_path / "state").model_copy(update={"registry": events})
-    config = dataclasses.replace(settings.worker_config(), extra={"learn": {"block_size": 8}})  # a few updates fold
+    short = {name: {**d, "reward": {**d["reward"], "window_s": 0.5}} for name, d in H.DOMAINS.items()}
+    settings = H.settings(kafka, topics, tmp_path / "state", domains=short).model_copy(update={"registry": events})
+    config = dataclasses.replace(settings.worker_config(), extra={  # short windows; a few updates fold and publish
+        "learn": {"block_size": 8, "emit_every_s": 0.3}, "join": {"grace_s": 0.5, "sweep_interval_s": 0.2}})
     rng = random.Random(5)
 
     # The SDK: decisions and rewards of a normalising domain (its statistics go to the posterior topic).

@@ -23,7 +23,7 @@ from streams.topics import ensure_topics
 from tests import join_helpers as H
 from tests.test_join_worker import _deadletters, _domains
 
-PAIRS = 100_000
+PAIRS = 50_000
 WINDOW_MS = 2_000
 
 

@@ -188,7 +188,7 @@ def test_every_decision_yields_exactly_one_update_with_the_right_aggregate(kafka
     ensure_topics(kafka, topics)
     port = H.free_port()
     config = H.settings(kafka, topics, tmp_path / "state", domains=_domains(), metrics_port=port).worker_config()
-    work = Workload(kafka, topics, 50_000)
+    work = Workload(kafka, topics, 20_000)
     with H.JoinThread(config) as worker:
         work.run()
         updates = H.read_topic(kafka, topics.updates, "update", until=H.every_event(work.decisions), idle_s=2,

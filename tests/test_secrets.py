@@ -96,8 +96,8 @@ def test_the_loop_runs_on_sasl_ssl_and_no_secret_reaches_any_output(broker, topi
         "stores": {"state_dir": str(state), "snapshots": str(snapshots)},
         "s3": {"access_key_id": "AKIATESTKEY"},
         "publish": {"keys_dir": str(tmp_path / "keys"), "every_seconds": 1.0, "every_updates": 50},
-        "learn": {"block_size": 16},
-        "domains": {"routing": H.DOMAINS["routing"]},
+        "learn": {"block_size": 16, "emit_every_s": 0.3}, "join": {"grace_s": 0.5, "sweep_interval_s": 0.2},
+        "domains": {"routing": {**H.DOMAINS["routing"], "reward": {**H.DOMAINS["routing"]["reward"], "window_s": 0.5}}},
     }  # fmt: skip
     config = tmp_path / "banditstream.json"
     config.write_text(json.dumps(tree))
