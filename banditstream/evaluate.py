@@ -111,7 +111,9 @@ def _holds_updates(path: Path) -> bool:
 
 def _joined_events(path: Path, domain: str, settings: DomainSettings, tenant: str, workspace: str) -> list[dict]:
     """Decisions and rewards as ``replay`` reads them, joined here: each decision with the
-    aggregate of its rewards (the domain's reward engine; none: the default reward)."""
+    aggregate of its rewards (the domain's reward engine; none: the default reward), and its
+    features encoded as the join encodes them: a normalising domain's z-scored with the
+    statistics of the decisions before it, in time order (as one partition would)."""
     from banditstream.replay import read_log
 
     result = read_log(path, domain=domain, tenant=tenant, workspace=workspace)
@@ -121,15 +123,18 @@ def _joined_events(path: Path, domain: str, settings: DomainSettings, tenant: st
     for reward in result.rewards:
         rewards.setdefault(reward["event_id"], []).append(reward)
     out = []
-    for d in result.decisions:
+    for d in sorted(result.decisions, key=lambda d: d["timestamp"]):
         if d["domain"] != domain:
             continue
         got = rewards.get(d["event_id"], [])
         value = float(engine.aggregate(got)[0]) if got else float(engine.default_reward)
+        features = encoder.context_vector(d.get("context") or {}).tolist()
+        if settings.features.normalize:  # after encoding, so a value never normalises itself
+            encoder.observe(d.get("context") or {}, d["actions"])
         out.append({
             "event_id": d["event_id"], "tenant": d["tenant"], "workspace": d["workspace"], "domain": domain,
             "actions": [a["id"] for a in d["actions"]], "probabilities": list(d["probabilities"]),
-            "arm_index": d["chosen"], "reward": value, "features": encoder.context_vector(d.get("context") or {}).tolist(),
+            "arm_index": d["chosen"], "reward": value, "features": features,
             "decision_time": int(d["timestamp"]), "policy_version": d.get("policy_version", ""),
             "mode": d.get("mode") or "live", "join_status": "rewarded" if got else "default",
             "feature_hash": settings.features.config_hash(),

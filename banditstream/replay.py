@@ -205,8 +205,10 @@ def _decision(line, iid, candidates, domain, tenant, workspace, timestamp) -> di
     categorical: dict[str, str] = {}
     if isinstance(line.get("context"), dict):
         for name, value in line["context"].items():
-            if isinstance(value, bool) or isinstance(value, str):
-                categorical[name] = str(value)
+            if isinstance(value, bool):  # as the SDK and serve encode a boolean
+                categorical[name] = "true" if value else "false"
+            elif isinstance(value, str):
+                categorical[name] = value
             elif isinstance(value, (int, float)):
                 numeric[name] = float(value)
     question = line.get("question")

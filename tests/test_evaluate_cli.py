@@ -90,3 +90,30 @@ def test_a_grid_expands_to_every_combination():
     assert names == ["lin_ts(eps0=0,v=0.1)", "lin_ts(eps0=0.05,v=0.1)", "lin_ts(eps0=0,v=0.3)", "lin_ts(eps0=0.05,v=0.3)"]
     with pytest.raises(EvaluationInputError, match="twice"):
         parse_candidates("uniform,uniform", snapshots=None)
+
+
+def test_a_normalising_domain_s_log_is_z_scored_as_the_join_z_scores_it(tmp_path):
+    """From a file, each decision's numeric features are z-scored with the statistics of the
+    decisions before it, in time order, as the join does (not left at zero)."""
+    import numpy as np
+
+    from banditstream.evaluate import load_log
+    from learner.domain import DomainSettings
+    from learner.features import FeatureEncoder
+
+    rng = random.Random(3)
+    rows = [{"interaction_id": f"i{i}", "agent": rng.choice("ab"), "context": {"tokens": rng.uniform(10, 500)},
+             "timestamp": 1_700_000_000_000 + 1000 * i} for i in range(200)]  # fmt: skip
+    with open(tmp_path / "log.jsonl", "w") as handle:
+        for row in reversed(rows):  # written out of order: time order is the log's order
+            handle.write(json.dumps(row) + "\n" + json.dumps({"interaction_id": row["interaction_id"], "reward": 1.0}) + "\n")
+    settings = DomainSettings.model_validate({"features": {"dimension": 16, "normalize": True}})
+    log = load_log(str(tmp_path / "log.jsonl"), domain="d", domain_settings=settings)
+    encoder, expected = FeatureEncoder(settings.features), []
+    for row in rows:
+        context = {"numeric": row["context"], "categorical": {}, "vector": []}
+        expected.append(encoder.context_vector(context))
+        encoder.observe(context)
+    order = np.argsort(log.decision_time)
+    np.testing.assert_allclose(log.context[order], np.array(expected), rtol=1e-12, atol=1e-12)
+    assert np.abs(log.context[order][50:]).sum() > 0  # the numeric feature is there once statistics exist

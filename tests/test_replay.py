@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -155,3 +156,10 @@ def test_replay_round_trips_a_sample_log_into_the_learner(kafka, topics, tmp_pat
         for worker in workers:
             worker.wait(30)
     assert [w.returncode for w in workers] == [0, 0]
+
+
+def test_a_logged_boolean_becomes_the_category_the_sdk_gives_it(tmp_path):
+    (tmp_path / "log.jsonl").write_text(json.dumps({"interaction_id": "i1", "agent": "a", "context": {"vip": True, "new": False},
+                                                    "timestamp": 1_700_000_000_000}) + "\n")  # fmt: skip
+    decision = read_log(tmp_path / "log.jsonl", domain="d").decisions[0]
+    assert decision["context"]["categorical"] == {"vip": "true", "new": "false"}  # as Decider.decide and serve encode them
