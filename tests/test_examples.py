@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.integration
 
 
-EXAMPLES = ("adaptation_loop", "core_rl")
+EXAMPLES = ("adaptation_loop", "core_rl", "assistant_routing")
 
 
 @pytest.fixture(scope="module")
@@ -91,3 +91,37 @@ def test_core_rl_shadow_changes_nothing_live_beats_the_baseline_and_shields_hold
     assert restore["state_equal"] and restore["sdk_holds"] == restore["restored_as"] != restore["dumped"]
     assert (out / "dump").is_dir()
     png(s["plot"])
+
+
+def test_assistant_routing_offline_estimate_agrees_with_the_online_result_and_the_monitor_is_quiet(examples):
+    s, out = run_example(examples, "assistant_routing")
+    offline = s["offline"]["candidates"]
+    agree = s["route_online_vs_offline"]
+    router = offline[agree["candidate"]]
+    # before deploying: every fixed candidate's IPS and SNIPS intervals cover its true value on
+    # the log, and the router's (trained progressively on the log) cover its own
+    assert s["offline_fixed_covered"] == {"ips": "3/3", "snips": "3/3"}
+    assert all(router[e]["low"] <= router["truth"] <= router[e]["high"] for e in ("ips", "snips"))
+    # the log says deploy it: the router's SNIPS lower bound is above the best fixed path's truth
+    assert router["snips"]["low"] >= max(offline["always:fast"]["truth"], offline["always:deep"]["truth"]) + 0.02
+    # the claim: what the deployed router earned live lies inside its offline intervals
+    assert agree["online_mean_reward"] == s["domains"]["route"]["mean_reward"]
+    assert agree["ips"]["covers_online"] and agree["snips"]["covers_online"]
+    # each learned domain beats what the assistant did before, and its best fixed action or
+    # uniform, by the stated margins
+    route, tools, cache = (s["domains"][name] for name in ("route", "tools", "cache"))
+    assert route["mean_reward"] >= route["best_fixed_reward"] + 0.03 and route["mean_reward"] >= route["uniform_reward"] + 0.05
+    assert route["mean_reward"] <= route["oracle_reward"] + 1e-9
+    assert tools["last_round_reward"] >= tools["baseline_reward"] + 0.15
+    assert tools["last_round_reward"] >= tools["best_fixed_reward"] + 0.05
+    assert tools["last_round_tool_per_intent"] == {"billing": "kb_lookup", "tech": "search", "chitchat": "none", "legal": "kb_lookup"}
+    assert cache["last_round_reward"] >= cache["baseline_reward"] + 0.05 and cache["last_round_reward"] >= cache["uniform_reward"] + 0.02
+    assert cache["last_round_top_action"] == "semantic"
+    # the monitor: no alert, nothing it could not read, every live decision joined and rewarded
+    monitor = s["monitor"]
+    assert monitor["alerts"] == [] and monitor["problems"] == [] and not monitor["dead_letters"]
+    live = s["rounds"] * s["per_round"]
+    assert {name: (d["decisions"], d["rewarded_share"]) for name, d in monitor["domains"].items()} == {
+        name: (live, 1.0) for name in ("route", "tools", "cache")}
+    png(s["plot"])
+    assert (out / "reward_log.jsonl").stat().st_size > 500_000
