@@ -96,6 +96,10 @@ class FeatureConfig:
     - ``intercept``: slot 0 is a constant 1.0 (the policies put their prior mean there).
     - ``action_id``: in shared rows, hash the action id as a categorical action feature.
     - ``vector_dim``, ``action_vector_dim``: length of the optional dense vectors (0: none).
+    - ``vector_layout``: ``hashed`` (the context vector's values hashed like named features) or
+      ``direct`` (value i in slot ``intercept + i``, exactly, and every hashed feature in the
+      slots after them: an embedding passes through without collisions; ``dimension`` must
+      leave room for both).
     - ``clip``: bound on the absolute z-score.
     - ``seed``: key of the hash; another seed gives an independent hashing.
     """
@@ -108,6 +112,7 @@ class FeatureConfig:
     action_id: bool = True
     vector_dim: int = 0
     action_vector_dim: int = 0
+    vector_layout: str = "hashed"
     clip: float = 5.0
     seed: int = 0
 
@@ -123,6 +128,11 @@ class FeatureConfig:
             raise ValueError(f"dimension must leave at least one hashed slot, got {self.dimension}")
         if self.vector_dim < 0 or self.action_vector_dim < 0:
             raise ValueError("vector_dim and action_vector_dim must be >= 0")
+        if self.vector_layout not in ("hashed", "direct"):
+            raise ValueError(f"vector_layout must be 'hashed' or 'direct', got {self.vector_layout!r}")
+        if self.vector_layout == "direct" and self.dimension < int(self.intercept) + self.vector_dim + 1:
+            raise ValueError(f"dimension {self.dimension} leaves no hashed slot after the intercept and the {self.vector_dim} "
+                             f"direct vector slots: give at least {int(self.intercept) + self.vector_dim + 1}")
         if self.interactions and not self.shared:
             raise ValueError("interactions need shared=True: per-arm models see the context vector only")
         if not (isinstance(self.clip, (int, float)) and self.clip > 0 and math.isfinite(self.clip)):
@@ -140,6 +150,8 @@ class FeatureConfig:
     def config_hash(self) -> str:
         """First 16 hex digits of SHA-256 over the canonical JSON of every field and the format."""
         fields = {**self.to_dict(), "clip": float(self.clip), "format": FEATURE_FORMAT}
+        if self.vector_layout == "hashed":  # (the hashes of configs from before the layout existed stay)
+            del fields["vector_layout"]
         text = json.dumps(fields, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
 
@@ -309,7 +321,9 @@ class FeatureEncoder:
     def __init__(self, config: FeatureConfig, normalizer: Normalizer | None = None) -> None:
         self.config = config
         self.normalizer = Normalizer() if normalizer is None else normalizer
-        self._offset = 1 if config.intercept else 0
+        direct = config.vector_layout == "direct" and config.vector_dim
+        #: the hashed slots: [offset, offset + m), after the intercept (and a direct vector's slots)
+        self._offset = int(config.intercept) + (config.vector_dim if direct else 0)
         self._m = config.dimension - self._offset
         self._key = config.seed.to_bytes(8, "little")
         self._cache: dict[str, tuple[int, int, float]] = {}
@@ -375,6 +389,13 @@ class FeatureEncoder:
         return hit
 
     def _vector_layout(self, ns: str, n: int) -> tuple[list[int], list[int], list[float]]:
+        """(digests, slots, signs) of a dense vector's values: hashed, or for a ``direct``
+        context vector value i in slot ``intercept + i`` with sign +1 (its digests still pair
+        it with action features in interactions)."""
+        if ns == "c" and self.config.vector_layout == "direct":
+            digests = [int.from_bytes(hashlib.blake2b(f"{ns}{_SEP}v{_SEP}{i}".encode(), digest_size=8, key=self._key,
+                                                      person=_PERSON).digest(), "little") for i in range(n)]  # fmt: skip
+            return digests, [int(self.config.intercept) + i for i in range(n)], [1.0] * n
         looked = [self._lookup(f"{ns}{_SEP}v{_SEP}{i}") for i in range(n)]
         return [h for h, _, _ in looked], [s for _, s, _ in looked], [g for _, _, g in looked]
 

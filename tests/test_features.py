@@ -292,6 +292,7 @@ def test_config_hash_is_stable_and_changes_with_every_field():
         "action_id": False,
         "vector_dim": 8,
         "action_vector_dim": 8,
+        "vector_layout": "direct",
         "clip": 3.0,
         "seed": 1,
     }
@@ -299,6 +300,36 @@ def test_config_hash_is_stable_and_changes_with_every_field():
     hashes = {dataclasses.replace(base, **{name: value}).config_hash() for name, value in changed.items()}
     assert len(hashes) == len(changed) and base.config_hash() not in hashes
     assert all(len(h) == 16 and int(h, 16) >= 0 for h in hashes)
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_a_direct_vector_passes_through_exactly_and_named_features_hash_after_it(shared):
+    rng = np.random.default_rng(4)
+    config = FeatureConfig(dimension=300, vector_dim=256, vector_layout="direct", shared=shared, normalize=False)
+    encoder = FeatureEncoder(config)
+    vectors = rng.normal(size=(50, 256))
+    events = [{"context": {"numeric": {"x": float(rng.normal())}, "categorical": {"lang": str(rng.choice(["en", "de"]))},
+                           "vector": v.tolist()},
+               "actions": [{"id": "a", "features": {"categorical": {"k": "v"}}}], "chosen": 0} for v in vectors]  # fmt: skip
+    rows = encoder.acted_matrix(events)
+    np.testing.assert_array_equal(rows[:, 0], 1.0)
+    np.testing.assert_array_equal(rows[:, 1:257], vectors)  # value i in slot 1 + i: no hashing, no sign
+    named = rows[:, 257:]
+    assert np.count_nonzero(named) >= 2 * len(events)  # x, lang (and the action's features when shared)
+    python = encoder._assemble([(encoder._hash_record_python(e["context"], "c"),
+                                 encoder._hash_record_python(e["actions"][0]["features"], "a", "a") if shared else None)
+                                for e in events])  # fmt: skip
+    np.testing.assert_array_equal(python, rows)  # the compiled path and the reference agree
+    hashed = FeatureEncoder(dataclasses.replace(config, vector_layout="hashed")).acted_matrix(events)
+    assert not np.array_equal(hashed[:, 1:257], vectors)
+
+
+def test_a_direct_vector_needs_room_for_the_hashed_features():
+    with pytest.raises(ValueError, match="give at least 258"):
+        FeatureConfig(dimension=257, vector_dim=256, vector_layout="direct")
+    with pytest.raises(ValueError, match="vector_layout must be"):
+        FeatureConfig(vector_layout="dense")
+    assert FeatureConfig(dimension=64).config_hash() == FeatureConfig(dimension=64, vector_layout="hashed").config_hash()
 
 
 def test_docstring_examples_run():
