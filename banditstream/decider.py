@@ -31,7 +31,8 @@ What ``decide`` does, in order (microseconds; no network, no locks on the hot pa
    :meth:`reward` and :meth:`observe`).
 4. **Snapshot.** The policy of the channel's newest verified snapshot, swapped in atomically
    by a background refresh. No snapshot, an expired one, or one whose drift flag is set: the
-   baseline decides and the fallback is counted by reason.
+   ``fallback`` policy (a local warm start) decides if given, else the baseline, and the
+   fallback is counted by reason.
 5. **Choice.** The policy's full distribution (exploration floor included) and a draw. In
    ``shadow`` mode the baseline acts, and the policy's distribution and version are logged as
    the recommendation (``recommended_probabilities``, ``recommended_version``).
@@ -259,6 +260,10 @@ class Decider:
             candidate's channel with its own ``cache_dir``). None: no shadow.
         kafka: where to emit events (``KafkaSettings`` or a bootstrap string); None emits
             nothing (offline use, tests).
+        fallback: what decides instead of the baseline when no usable snapshot is held (none
+            pulled or verified yet, expired, flagged for drift): a policy learned locally, e.g.
+            :func:`banditstream.warmstart.local_policy` from a logged file. Its decisions log
+            its version; the fallback is counted by reason all the same.
         schema_registry: the deployment's registry and framing (``settings.registry``), so
             the events are framed as every other producer of their topics frames them; None:
             the single-object encoding (a deployment without a registry). With the Confluent
@@ -299,6 +304,7 @@ class Decider:
         canary_share: float | None = None,
         shadow_repository: SnapshotSource | None = None,
         schema_registry: RegistrySettings | None = None,
+        fallback: ActivePolicy | None = None,
     ):
         self.domain = domain
         self.tenant = tenant
@@ -332,6 +338,7 @@ class Decider:
         self._known_candidates: dict[tuple[str, ...], list[dict[str, Any]]] = {}
         self._remember = remember_decisions
         self._active: ActivePolicy | None = None
+        self._fallback = fallback
         self._canary: ActivePolicy | None = None
         self._shadow: ActivePolicy | None = None
         self.canary_share = self.settings.promotion.canary_share if canary_share is None else canary_share
@@ -482,6 +489,8 @@ class Decider:
                 fallback = "drift"
             if fallback is not None:
                 self.metrics.fallbacks.labels(self.domain, fallback, channel).inc()
+                active = self._fallback  # the local warm start, if given, decides instead of the baseline
+            if active is None:
                 chosen = baseline
                 probabilities[baseline] = 1.0
             else:
@@ -508,7 +517,7 @@ class Decider:
             scored = shadow.policy.probabilities(X, [a["id"] for a in candidates], rng=self._shadow_rng)
             recommended_probabilities = _spread(scored.probabilities, allowed, len(acts))
             recommended_version = shadow.version
-        version = active.version if (active is not None and fallback is None and mode != "off") else ""
+        version = active.version if (active is not None and mode != "off") else ""
         event = {
             "event_id": event_id,
             "tenant": self.tenant,

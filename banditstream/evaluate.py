@@ -31,10 +31,10 @@ from pathlib import Path
 from typing import Any
 
 
+from banditstream.replay import joined_events
 from learner.domain import DomainSettings
 from learner.evaluation import AlwaysArm, Candidate, Fixed, LoggedBandit, Logging, Progressive, Recommended, Uniform
 from learner.evaluation.run import CandidateResult, Evaluation, evaluate_candidates
-from learner.features import FeatureEncoder
 from streams.errors import BanditstreamError
 
 __all__ = [
@@ -92,7 +92,8 @@ def load_log(
             if path.suffix == ".avro" and _holds_updates(path):
                 updates += read_update_files([path], log_range=log_range)[0]
             else:
-                updates += [u for u in _joined_events(path, domain, domain_settings, tenant, workspace) if log_range.keeps(u)]
+                updates += [u for u in joined_events(path, domain, domain_settings, tenant=tenant, workspace=workspace)
+                            if log_range.keeps(u)]
     try:
         log = LoggedBandit.from_updates(updates, domain=domain, tenant=tenant, workspace=workspace)
     except ValueError as exc:
@@ -107,41 +108,6 @@ def _holds_updates(path: Path) -> bool:
 
     with open(path, "rb") as handle:
         return fastavro.reader(handle).writer_schema.get("name", "").endswith("UpdateEvent")
-
-
-def _joined_events(path: Path, domain: str, settings: DomainSettings, tenant: str, workspace: str) -> list[dict]:
-    """Decisions and rewards as ``replay`` reads them, joined here: each decision with the
-    aggregate of its rewards (the domain's reward engine; none: the default reward), and its
-    features encoded as the join encodes them: a normalising domain's z-scored with the
-    statistics of the decisions before it, in time order (as one partition would)."""
-    from banditstream.replay import read_log
-
-    result = read_log(path, domain=domain, tenant=tenant, workspace=workspace)
-    engine = settings.reward_engine()
-    encoder = FeatureEncoder(settings.features)
-    rewards: dict[str, list[dict]] = {}
-    for reward in result.rewards:
-        rewards.setdefault(reward["event_id"], []).append(reward)
-    out = []
-    for d in sorted(result.decisions, key=lambda d: d["timestamp"]):
-        if d["domain"] != domain:
-            continue
-        got = rewards.get(d["event_id"], [])
-        value = float(engine.aggregate(got)[0]) if got else float(engine.default_reward)
-        features = encoder.context_vector(d.get("context") or {}).tolist()
-        if settings.features.normalize:  # after encoding, so a value never normalises itself
-            encoder.observe(d.get("context") or {}, d["actions"])
-        out.append({
-            "event_id": d["event_id"], "tenant": d["tenant"], "workspace": d["workspace"], "domain": domain,
-            "actions": [a["id"] for a in d["actions"]], "probabilities": list(d["probabilities"]),
-            "arm_index": d["chosen"], "reward": value, "features": features,
-            "decision_time": int(d["timestamp"]), "policy_version": d.get("policy_version", ""),
-            "mode": d.get("mode") or "live", "join_status": "rewarded" if got else "default",
-            "feature_hash": settings.features.config_hash(),
-            "recommended_probabilities": list(d.get("recommended_probabilities") or ()),
-            "recommended_version": d.get("recommended_version", ""),
-        })  # fmt: skip
-    return out
 
 
 # -- 2. candidates -------------------------------------------------------------------------

@@ -30,6 +30,8 @@ from typing import Any
 import fastavro
 
 import schemas
+from learner.domain import DomainSettings
+from learner.features import FeatureEncoder
 
 from streams.client import EventProducer
 from streams.errors import BanditstreamError
@@ -299,3 +301,39 @@ def _millis(record: dict[str, Any]) -> dict[str, Any]:
     if isinstance(ts, datetime):
         record["timestamp"] = int(ts.timestamp() * 1000)
     return record
+
+
+def joined_events(path: str | Path, domain: str, settings: DomainSettings, *, tenant: str = "default",
+                  workspace: str = "main", actions: Sequence[str] | None = None,
+                  encoder: FeatureEncoder | None = None) -> list[dict[str, Any]]:
+    """The log's decisions of ``domain`` joined here, in time order, as UpdateEvent-like rows:
+    each with the aggregate of its rewards (the domain's reward engine; none: the default
+    reward) and its context features encoded as the join encodes them, a normalising domain's
+    z-scored with the statistics of the decisions before it (observed into ``encoder``, a fresh
+    one if None: as one partition would)."""
+    result = read_log(path, domain=domain, actions=actions, tenant=tenant, workspace=workspace)
+    engine = settings.reward_engine()
+    encoder = encoder or FeatureEncoder(settings.features)
+    rewards: dict[str, list[dict]] = {}
+    for reward in result.rewards:
+        rewards.setdefault(reward["event_id"], []).append(reward)
+    out = []
+    for d in sorted(result.decisions, key=lambda d: d["timestamp"]):
+        if d["domain"] != domain:
+            continue
+        got = rewards.get(d["event_id"], [])
+        value = float(engine.aggregate(got)[0]) if got else float(engine.default_reward)
+        features = encoder.context_vector(d.get("context") or {}).tolist()
+        if settings.features.normalize:  # after encoding, so a value never normalises itself
+            encoder.observe(d.get("context") or {}, d["actions"])
+        out.append({
+            "event_id": d["event_id"], "tenant": d["tenant"], "workspace": d["workspace"], "domain": domain,
+            "actions": [a["id"] for a in d["actions"]], "probabilities": list(d["probabilities"]),
+            "arm_index": d["chosen"], "reward": value, "features": features,
+            "decision_time": int(d["timestamp"]), "policy_version": d.get("policy_version", ""),
+            "mode": d.get("mode") or "live", "join_status": "rewarded" if got else "default",
+            "feature_hash": settings.features.config_hash(),
+            "recommended_probabilities": list(d.get("recommended_probabilities") or ()),
+            "recommended_version": d.get("recommended_version", ""),
+        })  # fmt: skip
+    return out
