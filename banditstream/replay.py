@@ -4,7 +4,8 @@ Two inputs:
 
 - **A JSONL interaction log** (one JSON object per line), as assistants and RAG services
   commonly keep one: an interaction line has ``interaction_id``, the ``question`` (or a
-  ``context`` object), the ``agent`` that answered, and optionally ``category``, ``top_k``,
+  ``context`` object of numbers, strings, booleans and at most one list of numbers, the dense
+  vector), the ``agent`` that answered, and optionally ``category``, ``top_k``,
   ``num_sources``, ``timestamp`` (epoch seconds or milliseconds, or ISO 8601), ``probability``;
   a feedback line has ``interaction_id`` and ``reward`` (a line may carry both). Each
   interaction becomes a DecisionEvent (the agents seen in the log, or ``--actions``, are the
@@ -205,14 +206,23 @@ def _decision(line, iid, candidates, domain, tenant, workspace, timestamp) -> di
         probabilities[chosen] = float(logged)
     numeric: dict[str, float] = {}
     categorical: dict[str, str] = {}
+    vector: list[float] = []
     if isinstance(line.get("context"), dict):
-        for name, value in line["context"].items():
+        for name, value in line["context"].items():  # as the SDK reads a context
             if isinstance(value, bool):  # as the SDK and serve encode a boolean
                 categorical[name] = "true" if value else "false"
             elif isinstance(value, str):
                 categorical[name] = value
             elif isinstance(value, (int, float)):
                 numeric[name] = float(value)
+            elif isinstance(value, list):  # the dense vector (an embedding): one per context
+                if vector:
+                    return f"context.{name} is a second list; a context has one dense vector"
+                if not value or not all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) for x in value):
+                    return f"context.{name} must be a non-empty list of finite numbers (the dense vector)"
+                vector = [float(x) for x in value]
+            elif value is not None:
+                return f"context.{name} is {type(value).__name__}; expected a number, a string, a boolean or a list of numbers"
     question = line.get("question")
     if isinstance(question, str):
         numeric["question_words"] = float(len(question.split()))
@@ -230,7 +240,7 @@ def _decision(line, iid, candidates, domain, tenant, workspace, timestamp) -> di
         "workspace": workspace,
         "domain": domain,
         "timestamp": timestamp if timestamp is not None else 0,
-        "context": {"numeric": numeric, "categorical": categorical, "vector": []},
+        "context": {"numeric": numeric, "categorical": categorical, "vector": vector},
         "actions": [{"id": a, "features": {"numeric": {}, "categorical": {}, "vector": []}} for a in candidates],
         "chosen": chosen,
         "probabilities": probabilities,

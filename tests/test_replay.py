@@ -163,3 +163,25 @@ def test_a_logged_boolean_becomes_the_category_the_sdk_gives_it(tmp_path):
                                                     "timestamp": 1_700_000_000_000}) + "\n")  # fmt: skip
     decision = read_log(tmp_path / "log.jsonl", domain="d").decisions[0]
     assert decision["context"]["categorical"] == {"vip": "true", "new": "false"}  # as Decider.decide and serve encode them
+
+
+def test_a_logged_dense_vector_is_the_context_s_vector_and_a_bad_one_is_reported(tmp_path):
+    from banditstream.replay import joined_events
+    from learner.domain import DomainSettings
+
+    lines = [
+        {"interaction_id": "i1", "agent": "a", "context": {"x": 1.5, "embedding": [0.25, -1.0, 2.0]}, "timestamp": 1},
+        {"interaction_id": "i2", "agent": "b", "context": {"e1": [1.0], "e2": [2.0]}, "timestamp": 2},
+        {"interaction_id": "i3", "agent": "a", "context": {"embedding": [1.0, "x", 3.0]}, "timestamp": 3},
+        {"interaction_id": "i4", "agent": "a", "context": {"nested": {"a": 1}}, "timestamp": 4},
+        {"interaction_id": "i1", "reward": 1.0},
+    ]
+    (tmp_path / "log.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    result = read_log(tmp_path / "log.jsonl", domain="d", actions=["a", "b"])
+    assert [d["context"]["vector"] for d in result.decisions] == [[0.25, -1.0, 2.0]]
+    assert [(p.line, p.message.split(";")[0].split(" is ")[0].split(" must")[0]) for p in result.problems] == [
+        (2, "context.e2"), (3, "context.embedding"), (4, "context.nested")]
+    settings = DomainSettings.model_validate({"features": {"dimension": 8, "vector_dim": 3, "vector_layout": "direct",
+                                                           "normalize": False}})  # fmt: skip
+    row = joined_events(tmp_path / "log.jsonl", "d", settings, actions=["a", "b"])[0]
+    assert row["features"][1:4] == [0.25, -1.0, 2.0] and row["reward"] == 1.0  # in slots 1..3, as the join places it
