@@ -231,8 +231,8 @@ def test_every_decision_yields_exactly_one_update_with_the_right_aggregate(kafka
             assert update["features"] == encoders[d["domain"]].acted_matrix([d])[0].tolist()
         shared = d["domain"] == "ranker"
         assert key.decode() == (f"default/main/{d['domain']}" if shared else f"default/main/{d['domain']}/{update['arm']}")
-    assert statuses["rewarded"] > 20_000 and statuses["default"] > 15_000
-    assert sum(1 for _, u in updates if u["mode"] == "shadow") > 2000
+    assert statuses["rewarded"] > 8_000 and statuses["default"] > 6_000  # of 20,000: about 60 % and 40 %
+    assert sum(1 for _, u in updates if u["mode"] == "shadow") > 800  # one in 17
 
     late = {(r["source_topic"], r["reason"]) for r in dead}
     assert late == {(topics.rewards, "late_reward")}

@@ -191,7 +191,7 @@ def test_two_learners_split_the_partitions_and_one_takes_over_the_others_shards(
         return 0
 
     h.wait_until(lambda: assigned("a") >= 1 and assigned("b") >= 1 and assigned("a") + assigned("b") == 4, 60, "a split")
-    first = h.make_updates(40_000, seed=31, prefix="first")
+    first = h.make_updates(20_000, seed=31, prefix="first")
     placed = h.produce(kafka, topics.updates, h.encode_updates(first)).placed
     h.wait_published(kafka, group, topics, h.Produced(placed).ends(), timeout=90)
     assert stop_gracefully(a) == 0
@@ -200,7 +200,7 @@ def test_two_learners_split_the_partitions_and_one_takes_over_the_others_shards(
 
     # b takes a's shards over from their published state and watermark
     h.wait_until(lambda: assigned("b") == 4, 60, "b to own every partition")
-    second = h.make_updates(40_000, seed=32, prefix="second")
+    second = h.make_updates(20_000, seed=32, prefix="second")
     placed += h.produce(kafka, topics.updates, h.encode_updates(second)).placed
     h.wait_published(kafka, group, topics, h.Produced(placed).ends(), timeout=90)
     h.assert_matches_reference(h.latest_posterior(kafka, topics), h.reference(first + second, placed))
