@@ -265,6 +265,13 @@ class Playground:
 
     # -- playing --------------------------------------------------------------------------
 
+    def config(self) -> Any:
+        """The loop's configuration tree (a ``banditstream.config.Settings``), as its workers
+        load it: for the tools that take one, e.g. ``banditstream.monitor.check(loop.config())``."""
+        from banditstream.config import load_settings
+
+        return load_settings(self.config_path, env={})
+
     def decider(self, domain: str) -> Decider:
         try:
             return self.deciders[domain]

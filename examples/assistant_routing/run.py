@@ -30,7 +30,6 @@ from rich.console import Console
 from rich.table import Table
 
 import assistant
-from banditstream.config import load_settings
 from banditstream.evaluate import load_log, parse_candidates
 from banditstream.monitor import Thresholds, alert_lines, check, tables
 from banditstream.playground import Playground, example_arguments, write_summary
@@ -105,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
 
         # 4. the loop's health, as `banditstream monitor --once` reports it
         console.print("[bold]4.[/] banditstream monitor")
-        report = check(load_settings(loop.config_path, env={}), Thresholds())
+        report = check(loop.config(), Thresholds())
         for table in tables(report):
             console.print(table)
         for line in alert_lines(report):
