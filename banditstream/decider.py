@@ -623,7 +623,12 @@ class Decider:
             kind = getattr(exc, "kind", None) or _snake(type(exc).__name__)
             self.metrics.verification_failures.labels(self.domain, channel, kind).inc()
             held = self._held(channel)
-            keeping = held.version if held is not None else ("the baseline" if channel == _STABLE else f"no {channel}")
+            if held is not None:
+                keeping = held.version
+            elif channel != _STABLE:
+                keeping = f"no {channel}"
+            else:
+                keeping = "the baseline" if self._fallback is None else f"the local warm start {self._fallback.version}"
             # An empty canary (or shadow) channel is the usual state between experiments, not a fault.
             level = logging.DEBUG if channel != _STABLE and kind == "not_found" else logging.WARNING
             log.log(level, "%s snapshot refresh for %s failed (%s): keeping %s", channel, self.domain, exc, keeping)

@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.integration
 
 
-EXAMPLES = ("adaptation_loop", "core_rl", "assistant_routing")
+EXAMPLES = ("adaptation_loop", "core_rl", "assistant_routing", "interrogator")
 
 
 @pytest.fixture(scope="module")
@@ -125,3 +125,42 @@ def test_assistant_routing_offline_estimate_agrees_with_the_online_result_and_th
         name: (live, 1.0) for name in ("route", "tools", "cache")}
     png(s["plot"])
     assert (out / "reward_log.jsonl").stat().st_size > 500_000
+
+
+def test_interrogator_solves_in_fewer_steps_with_more_cache_hits_and_the_gate_holds(examples):
+    s, out = run_example(examples, "interrogator")
+    gate = s["gate"]
+    fixed, policy = gate["candidates"]["fixed order"], gate["candidates"][gate["candidate"]]
+    # the gate, before the policy goes on: every interval covers its true value on the log, and
+    # the policy's SNIPS lower bound (and DR's) clears the fixed order's estimate less 5%
+    assert all(row[e]["low"] <= row["truth"] <= row[e]["high"] for row in (fixed, policy) for e in ("snips", "dr"))
+    assert gate["threshold"] == round(fixed["snips"]["value"] - 0.05 * abs(fixed["snips"]["value"]), 4)
+    assert gate["decision"] == "on" and policy["snips"]["low"] >= gate["threshold"] and policy["dr"]["low"] >= gate["threshold"]
+    # offline, no snapshot to be had (an empty repository): the local warm start decides every
+    # step, its version on each, and beats the fixed order on the same tasks by the stated margins
+    local = s["offline_local_warm_start"]
+    assert local["version"].startswith("local:") and local["decided_by"] == [local["version"]]
+    assert local["snapshot_held"] == "" and local["fallbacks_no_snapshot"] == local["decisions"] > 0
+    assert local["refused_as"] == "not_found" and local["samples"] == s["log_rows"]
+    assert local["policy"]["steps"] <= local["fixed"]["steps"] - 8
+    assert local["policy"]["cache_hit_rate"] >= local["fixed"]["cache_hit_rate"] + 0.15
+    # live: in every round, fewer steps to solve and more cache hits than the fixed order on
+    # the same tasks; over the run by 9 steps and 20 points
+    rounds, live = s["live"]["rounds"], s["live"]
+    assert all(r["policy"]["steps"] <= r["fixed"]["steps"] - 8 for r in rounds)
+    assert all(r["policy"]["cache_hit_rate"] >= r["fixed"]["cache_hit_rate"] + 0.15 for r in rounds)
+    assert live["policy"]["steps"] <= live["fixed"]["steps"] - 9
+    assert live["policy"]["cache_hit_rate"] >= live["fixed"]["cache_hit_rate"] + 0.2
+    assert all(r["policy"]["solved"] == 1.0 for r in rounds)
+    # it learns on from its live traffic: its last round takes fewer steps than its first, and
+    # is within 0.3 steps of the oracle
+    assert rounds[-1]["policy"]["steps"] < rounds[0]["policy"]["steps"]
+    assert rounds[-1]["policy"]["steps"] <= rounds[-1]["oracle"]["steps"] + 0.3
+    # every live decision names the snapshot that decided it, in the joined log too; each
+    # round is decided by a newer snapshot than the last
+    assert s["claims"]["live_decisions_name_their_snapshot"]
+    assert live["joined_with_their_snapshot"] == live["decisions"] == live["policy"]["questions"]
+    versions = [tuple(int(part) for part in r["snapshot"].split(".")) for r in rounds]
+    assert all(r["decided_by"] == [r["snapshot"]] for r in rounds) and versions == sorted(set(versions))
+    png(s["plot"])
+    assert (out / "log.jsonl").stat().st_size > 1_000_000
