@@ -44,13 +44,13 @@ def test_a_frozen_broker_delays_the_join_and_loses_nothing(tmp_path):
         settings = H.settings(kafka, topics, tmp_path / "state", domains=_domains(), metrics_port=port)
         config = settings.worker_config()
         config = dataclasses.replace(config, extra={**config.extra, "join": {"output_timeout_s": 1.0}})
-        work = Workload(kafka, topics, 12_000, seed=5, rate=1500.0)
+        work = Workload(kafka, topics, 20_000, seed=5, rate=1500.0)
         with H.JoinThread(config) as worker:
             produced = work.run_in_thread()
             # A freeze reaches the outputs only if it catches a delivery in flight (between two,
-            # the join has nothing new to read, so nothing to emit; a full suite run once saw no
-            # retry at all): freeze again, mid-traffic, until one does, three times at most.
-            for attempt in range(3):
+            # the join has nothing new to read, so nothing to emit; full suite runs twice saw no
+            # retry in three freezes): freeze again, mid-traffic, until one does, six times at most.
+            for attempt in range(6):
                 deadline, target = time.monotonic() + 120, _joined(port) + 500
                 while _joined(port) < target:  # mid-traffic: batches in flight
                     assert time.monotonic() < deadline, "the join joined nothing within 120s"
