@@ -99,21 +99,24 @@ def check(settings: Any, thresholds: Thresholds = Thresholds(), *, previous: Rep
     window_ms = int(thresholds.window_s * 1000)
     report = Report(at_ms=now_ms, window_s=thresholds.window_s)
     domains = {name: DomainHealth(name) for name in sorted(settings.domains)}
-    _joined(settings, report, domains, now_ms, window_ms)
-    _dead_letters(settings, report, now_ms, window_ms)
-    _lag(settings, report)
+    config = settings.worker_config()
+    registry = config.registry_client()
+    _joined(settings, config.serde("update", topic=settings.topics.updates, registry=registry), report, domains, now_ms,
+            window_ms)
+    _dead_letters(settings, config.deadletter_serde(registry), report, now_ms, window_ms)
+    _lag(settings, config, report)
     _snapshots(settings, report, domains, now_ms)
     report.domains = list(domains.values())
     report.alerts = _alerts(report, thresholds, previous)
     return report
 
 
-def _joined(settings, report: Report, domains: dict[str, DomainHealth], now_ms: int, window_ms: int) -> None:
+def _joined(settings, serde, report: Report, domains: dict[str, DomainHealth], now_ms: int, window_ms: int) -> None:
     from streams.evaluation_log import LogRange, read_updates
 
     topic = settings.topics.updates
     try:
-        updates, _ = read_updates(settings.kafka, topic, settings.worker_config().serde("update", topic=topic),
+        updates, _ = read_updates(settings.kafka, topic, serde,
                                   log_range=LogRange(since_ms=now_ms - 2 * window_ms, until_ms=now_ms), timeout_s=120)
     except Exception as exc:  # a monitor reports what it cannot read, and goes on
         report.problems.append(f"{topic}: {exc}")
@@ -142,12 +145,12 @@ def _joined(settings, report: Report, domains: dict[str, DomainHealth], now_ms: 
             health.previous_default_share = earlier["default"] / sum(earlier.values())
 
 
-def _dead_letters(settings, report: Report, now_ms: int, window_ms: int) -> None:
+def _dead_letters(settings, serde, report: Report, now_ms: int, window_ms: int) -> None:
     from streams.evaluation_log import LogRange, read_updates
 
     topic = settings.topics.deadletter
     try:
-        letters, _ = read_updates(settings.kafka, topic, settings.worker_config().deadletter_serde(),
+        letters, _ = read_updates(settings.kafka, topic, serde,
                                   log_range=LogRange(since_ms=now_ms - window_ms, until_ms=now_ms, field="timestamp"),
                                   timeout_s=120)
     except Exception as exc:
@@ -156,15 +159,16 @@ def _dead_letters(settings, report: Report, now_ms: int, window_ms: int) -> None
     report.dead_letters = dict(Counter(letter["reason"] for letter in letters).most_common())
 
 
-def _lag(settings, report: Report) -> None:
+def _lag(settings, config, report: Report) -> None:
     from confluent_kafka import Consumer, TopicPartition
 
     from streams.evaluation_log import log_ends
     from streams.learn import LearnerOptions
+    from streams.worker import join_group
 
     t = settings.topics
-    groups = [(f"banditstream-join.{t.decisions}", t.decisions), (f"banditstream-join.{t.decisions}", t.rewards),
-              (LearnerOptions.from_extra(settings.worker_config().extra).group(t.updates), t.updates)]
+    groups = [(join_group(t), t.decisions), (join_group(t), t.rewards),
+              (LearnerOptions.from_extra(config.extra).group(t.updates), t.updates)]
     for group, topic in groups:
         try:
             ends = log_ends(settings.kafka, topic)

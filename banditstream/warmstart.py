@@ -26,6 +26,7 @@ from banditstream.decider import ActivePolicy
 from banditstream.replay import joined_events
 from learner.domain import DomainSettings
 from learner.features import FeatureEncoder
+from learner.policies import POLICIES
 
 __all__ = ["local_policy"]
 
@@ -34,8 +35,6 @@ def local_policy(domain: str, settings: DomainSettings, path: str | Path, *, act
                  tenant: str = "default", workspace: str = "main", seed: int | None = None) -> ActivePolicy:
     """The domain's policy after the logged decisions of ``path`` (per-arm policies: a shared
     model needs each candidate's features, which a logged choice does not carry)."""
-    from learner.policies import POLICIES
-
     if POLICIES[settings.policy].shared:
         raise ValueError(f"policy {settings.policy!r} is a shared model: a local warm start needs a per-arm policy")
     path = Path(path)

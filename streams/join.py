@@ -99,7 +99,7 @@ from streams.partitioning import key_partition
 from streams.security import faust_credentials
 from streams.topics import check_topics
 from streams.validation import Validator
-from streams.worker import NORMALIZER_POLICY, WorkerConfig
+from streams.worker import NORMALIZER_POLICY, WorkerConfig, join_group
 
 __all__ = ["JoinOptions", "JoinWorker", "run_join"]
 
@@ -286,7 +286,7 @@ class JoinWorker:
             self.producer, config.topics.deadletter, worker="join", serde=config.deadletter_serde(registry),
             on_dead_letter=self.metrics.dead_letter,
         )  # fmt: skip
-        reader_config = config.kafka.consumer_config(f"banditstream-join.{config.topics.decisions}.reader")
+        reader_config = config.kafka.consumer_config(f"{join_group(config.topics)}.reader")
         self.reader = SourceReader(
             reader_config, config.topics.decisions, config.topics.rewards,
             hold=RewardHold(int(self.options.reward_lead_s * 1000), self.options.rewards_held_max),
@@ -313,7 +313,7 @@ class JoinWorker:
 
     def _build_app(self) -> faust.App:
         config, options = self.config, self.options
-        app_id = f"banditstream-join.{config.topics.decisions}"
+        app_id = join_group(config.topics)
         brokers = [f"kafka://{server.strip()}" for server in config.kafka.bootstrap_servers.split(",")]
         app = _JoinApp(
             app_id,

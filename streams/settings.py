@@ -57,6 +57,19 @@ def _revealed(value: SecretStr | None) -> str | None:
     return None if value is None else value.get_secret_value()
 
 
+def _tls(section: Any) -> dict[str, Any]:
+    """A section's ``ssl_*`` fields checked whole (a client certificate needs its key) and as the
+    client settings librdkafka and the registry client both name ``ssl.*`` (secrets revealed)."""
+    if (section.ssl_certificate_location is None) != (section.ssl_key_location is None):
+        raise ValueError("ssl_certificate_location and ssl_key_location go together (mutual TLS)")
+    return {
+        "ssl.ca.location": section.ssl_ca_location,
+        "ssl.certificate.location": section.ssl_certificate_location,
+        "ssl.key.location": section.ssl_key_location,
+        "ssl.key.password": _revealed(section.ssl_key_password),
+    }
+
+
 #: librdkafka settings that hold secrets: set through the typed fields (never shown), not ``extra``.
 _SECRET_LIBRDKAFKA_KEYS = ("password", "secret", "sasl.oauthbearer.config", "sasl.jaas.config", "ssl.key.pem")
 
@@ -128,8 +141,7 @@ class KafkaSettings(ConfigSection):
         ):
             raise ValueError("sasl_mechanism OAUTHBEARER needs sasl_oauthbearer_token_endpoint_url, "
                              "sasl_oauthbearer_client_id and sasl_oauthbearer_client_secret")
-        if (self.ssl_certificate_location is None) != (self.ssl_key_location is None):
-            raise ValueError("ssl_certificate_location and ssl_key_location go together (mutual TLS)")
+        _tls(self)
         return self
 
     @property
@@ -143,10 +155,7 @@ class KafkaSettings(ConfigSection):
             "sasl.mechanism": self.sasl_mechanism,
             "sasl.username": self.sasl_username,
             "sasl.password": _revealed(self.sasl_password),
-            "ssl.ca.location": self.ssl_ca_location,
-            "ssl.certificate.location": self.ssl_certificate_location,
-            "ssl.key.location": self.ssl_key_location,
-            "ssl.key.password": _revealed(self.ssl_key_password),
+            **_tls(self),
         }
         if self.sasl_mechanism == "OAUTHBEARER":
             settings.update({
@@ -229,8 +238,7 @@ class RegistrySettings(ConfigSection):
             raise ValueError("basic_auth_user_info and bearer_token: give one")
         if self.bearer_token is not None and not self.bearer_logical_cluster:
             raise ValueError("bearer_token needs bearer_logical_cluster (the registry's logical cluster id)")
-        if (self.ssl_certificate_location is None) != (self.ssl_key_location is None):
-            raise ValueError("ssl_certificate_location and ssl_key_location go together (mutual TLS)")
+        _tls(self)
         return self
 
     @property
@@ -242,10 +250,7 @@ class RegistrySettings(ConfigSection):
         settings: dict[str, Any] = {
             "url": self.url,
             "basic.auth.user.info": _revealed(self.basic_auth_user_info),
-            "ssl.ca.location": self.ssl_ca_location,
-            "ssl.certificate.location": self.ssl_certificate_location,
-            "ssl.key.location": self.ssl_key_location,
-            "ssl.key.password": _revealed(self.ssl_key_password),
+            **_tls(self),
         }
         if self.bearer_token is not None:
             settings.update({

@@ -27,6 +27,12 @@ NORMALIZER_POLICY = "normalizer"
 DEAD_LETTER_OVERHEAD = 64 << 10
 
 
+def join_group(topics: TopicSettings) -> str:
+    """The join's consumer group (its faust app's id), where it commits the offsets its state
+    resumes from: what Kafka's tools and ``banditstream monitor`` measure its lag by."""
+    return f"banditstream-join.{topics.decisions}"
+
+
 @dataclass(frozen=True)
 class WorkerConfig:
     kafka: KafkaSettings
