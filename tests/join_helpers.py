@@ -268,3 +268,22 @@ def write_config(path: Path, domains: dict | None = None) -> Path:
 
 def by_event_id(updates: list[tuple[bytes | None, dict]]) -> Counter:
     return Counter(record["event_id"] for _, record in updates)
+
+
+def raw_records(kafka: KafkaSettings, topic: str, partitions: int, *, idle_s: float = 2.0) -> list:
+    """Every record of the topic as librdkafka messages, undecoded: read from the start until
+    each partition reported its end, or nothing came for ``idle_s``."""
+    consumer = Consumer(kafka.consumer_config(f"raw-{topic}-{random.random()}", **{"enable.partition.eof": True}))
+    consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
+    records, ended, last = [], set(), time.monotonic()
+    while len(ended) < partitions and time.monotonic() - last < idle_s:
+        message = consumer.poll(0.2)
+        if message is None:
+            continue
+        last = time.monotonic()
+        if message.error() is not None:
+            ended.add(message.partition())
+        else:
+            records.append(message)
+    consumer.close()
+    return records

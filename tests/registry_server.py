@@ -56,6 +56,8 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 import fastavro
 
+from tests.loopback_http import serve_in_thread, shut_down
+
 
 class Request(NamedTuple):
     """One request as the server saw it; ``path`` includes the query string."""
@@ -237,17 +239,13 @@ class RegistryServer:
             httpd.ssl_context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
             httpd.ssl_context.load_cert_chain(*self._tls)
         self._httpd = httpd
-        self._thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05},
-                                        name="registry-server", daemon=True)
-        self._thread.start()
+        self._thread = serve_in_thread(httpd, "registry-server")
         return self
 
     def stop(self) -> None:
         if self._httpd is None:
             return
-        self._httpd.shutdown()
-        self._httpd.server_close()
-        self._thread.join()
+        shut_down(self._httpd, self._thread)
         self._httpd = self._thread = None
 
     def __enter__(self) -> "RegistryServer":

@@ -90,6 +90,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from banditstream.devstack import find_binary, free_port
+from tests.loopback_http import serve_in_thread, shut_down
 
 log = logging.getLogger(__name__)
 
@@ -615,17 +616,13 @@ class TokenServer:
         self._httpd = ThreadingHTTPServer((LOOPBACK, 0), _TokenHandler)
         self._httpd.daemon_threads = True
         self._httpd.token_server = self
-        self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05},
-                                        name="token-server", daemon=True)
-        self._thread.start()
+        self._thread = serve_in_thread(self._httpd, "token-server")
         return self
 
     def stop(self) -> None:
         if self._httpd is None:
             return
-        self._httpd.shutdown()
-        self._httpd.server_close()
-        self._thread.join()
+        shut_down(self._httpd, self._thread)
         self._httpd = self._thread = None
 
     def answer(self, path: str, authorization: str | None, form: dict[str, str]) -> tuple[int, dict]:

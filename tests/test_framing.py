@@ -16,7 +16,7 @@ import time
 
 import fastavro
 import pytest
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Producer
 from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 from confluent_kafka.schema_registry.avro import AvroDeserializer
 from confluent_kafka.serialization import MessageField, SerializationContext
@@ -48,24 +48,6 @@ def _registry_settings(registry: RegistryServer, framing: str, password: str = P
     if framing == "single_object":
         return RegistrySettings()
     return RegistrySettings(url=registry.url, basic_auth_user_info=f"{USER}:{password}")
-
-
-def _read_all(kafka, topic: str, partitions: int) -> list:
-    """Every record of the topic: read until each partition reported its end, or nothing came for 2 s."""
-    consumer = Consumer(kafka.consumer_config(f"read-{topic}-{random.random()}", **{"enable.partition.eof": True}))
-    consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
-    records, ended, last = [], set(), time.monotonic()
-    while len(ended) < partitions and time.monotonic() - last < 2.0:
-        message = consumer.poll(0.2)
-        if message is None:
-            continue
-        last = time.monotonic()
-        if message.error() is not None:
-            ended.add(message.partition())
-        else:
-            records.append(message)
-    consumer.close()
-    return records
 
 
 def _wait(what: str, predicate, timeout: float, state=lambda: "") -> None:
@@ -109,12 +91,12 @@ def test_every_topic_reads_back_in_the_one_configured_framing(kafka, topics, tmp
     with H.JoinThread(config) as join:
         learner.start()
         try:
-            _wait("60 updates", lambda: len(_read_all(kafka, topics.updates, topics.update_partitions)) >= 60, 120)
+            _wait("60 updates", lambda: len(H.raw_records(kafka, topics.updates, topics.update_partitions)) >= 60, 120)
             _wait("the learner's posteriors and both dead letters",
-                  lambda: len(_read_all(kafka, topics.deadletter, 1)) >= 2
-                  and any(not m.key().startswith(b"~normalizer") for m in _read_all(kafka, topics.posterior, topics.update_partitions)), 60,
-                  lambda: f"dead letters {[(m.key(), m.value()[:1]) for m in _read_all(kafka, topics.deadletter, 1)]}, "
-                          f"posteriors {[m.key() for m in _read_all(kafka, topics.posterior, topics.update_partitions)]}")
+                  lambda: len(H.raw_records(kafka, topics.deadletter, 1)) >= 2
+                  and any(not m.key().startswith(b"~normalizer") for m in H.raw_records(kafka, topics.posterior, topics.update_partitions)), 60,
+                  lambda: f"dead letters {[(m.key(), m.value()[:1]) for m in H.raw_records(kafka, topics.deadletter, 1)]}, "
+                          f"posteriors {[m.key() for m in H.raw_records(kafka, topics.posterior, topics.update_partitions)]}")
         finally:
             join.check()
             stop.set()
@@ -127,7 +109,7 @@ def test_every_topic_reads_back_in_the_one_configured_framing(kafka, topics, tmp
     for role, name in SERDE_OF.items():
         topic = getattr(topics, role)
         partitions = {"updates": topics.update_partitions, "posterior": topics.update_partitions, "deadletter": 1}.get(role, topics.partitions)
-        for message in _read_all(kafka, topic, partitions):
+        for message in H.raw_records(kafka, topic, partitions):
             if message.key() in (b"bad-0", b"bad-1"):
                 continue  # the refused bytes, as written by hand
             value = message.value()

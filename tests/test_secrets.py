@@ -24,7 +24,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Producer
 
 from banditstream.decider import Decider
 from learner.domain import DomainSettings
@@ -62,23 +62,6 @@ def _cli(args: list[str], env: dict[str, str], log: Path | None = None, **kwargs
         return subprocess.run(command, cwd=ROOT, env=full, capture_output=True, text=True, timeout=60, **kwargs)
     with open(log, "ab") as out:
         return subprocess.Popen(command, cwd=ROOT, env=full, stdout=out, stderr=subprocess.STDOUT, **kwargs)
-
-
-def _records(kafka: KafkaSettings, topic: str, partitions: int) -> list[bytes]:
-    consumer = Consumer(kafka.consumer_config(f"leak-{topic}-{random.random()}", **{"enable.partition.eof": True}))
-    consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
-    values, ended, last = [], set(), time.monotonic()
-    while len(ended) < partitions and time.monotonic() - last < 3.0:
-        message = consumer.poll(0.2)
-        if message is None:
-            continue
-        last = time.monotonic()
-        if message.error() is not None:
-            ended.add(message.partition())
-        else:
-            values.append((message.key() or b"") + (message.value() or b""))
-    consumer.close()
-    return values
 
 
 def test_the_loop_runs_on_sasl_ssl_and_no_secret_reaches_any_output(broker, topics, tmp_path):
@@ -130,7 +113,7 @@ def test_the_loop_runs_on_sasl_ssl_and_no_secret_reaches_any_output(broker, topi
             raw.flush(10)
 
             deadline = time.monotonic() + 120
-            while not list(snapshots.rglob("*.json")) or not _records(kafka, topics.deadletter, 1):
+            while not list(snapshots.rglob("*.json")) or not H.raw_records(kafka, topics.deadletter, 1, idle_s=3.0):
                 for worker, process in workers.items():
                     assert process.poll() is None, f"{worker} exited {process.returncode}: {logs[worker].read_text()[-3000:]}"
                 assert time.monotonic() < deadline, {w: log.read_text()[-1500:] for w, log in logs.items()}
@@ -149,7 +132,7 @@ def test_the_loop_runs_on_sasl_ssl_and_no_secret_reaches_any_output(broker, topi
         outputs[f"{worker} output"] = log.read_text(errors="replace")
     for role, topic in topics.names().items():
         partitions = 1 if role == "deadletter" else topics.update_partitions if role in ("updates", "posterior") else topics.partitions
-        outputs[f"topic {role}"] = b"\n".join(_records(kafka, topic, partitions)).decode("latin-1")
+        outputs[f"topic {role}"] = b"\n".join((m.key() or b"") + (m.value() or b"") for m in H.raw_records(kafka, topic, partitions, idle_s=3.0)).decode("latin-1")
     assert "bad-0" in outputs["topic deadletter"]
     files = [path for path in [*snapshots.rglob("*"), *state.rglob("*")] if path.is_file()]
     assert any(path.suffix == ".json" for path in files) and any("join" in path.parts for path in files)
