@@ -248,24 +248,11 @@ def serve(
 
 
 def _store(settings: Settings):
-    from publisher.stores import open_store
-
-    return open_store(settings.stores.snapshots, s3=settings.s3_client_kwargs())
+    return settings.snapshot_store()
 
 
 def _publisher_config(settings: Settings):
-    from datetime import timedelta
-
-    from publisher.guards import GuardConfig
-    from publisher.publish import PublisherConfig
-    from publisher.repository import RepositoryConfig
-
-    p = settings.publish
-    return PublisherConfig(
-        repository=RepositoryConfig(keep_versions=p.keep_versions, timestamp_expiry=timedelta(seconds=p.timestamp_expiry_s)),
-        guards=GuardConfig(min_samples=p.min_samples, drift_factor=p.drift_factor, on_drift=p.on_drift),
-        channels=tuple(p.channels),
-    )
+    return settings.publisher_config()
 
 
 def _publisher_settings(settings: Settings):
@@ -466,7 +453,7 @@ def snapshot_gate(
     from publisher.cli_ops import load_keys
     from publisher.gate import Gate, GateConfig
     from publisher.publish import Publisher
-    from streams.evaluation_log import LogRange, read_updates
+    from streams.evaluation_log import domain_log_reader
 
     settings = state.settings()
     tenant, workspace = tenant or settings.tenant, workspace or settings.workspace
@@ -475,14 +462,9 @@ def snapshot_gate(
     publisher = Publisher(_store(settings), keys, root, domains={domain: domain_settings}, tenant=tenant, workspace=workspace,
                           config=_publisher_config(settings))
     topic = settings.topics.updates
-    serde = settings.worker_config().serde("update", topic=topic)
-
-    def read_log(name: str, since_ms: int) -> list[dict]:
-        with err_console.status(f"reading {topic} since {since_ms}"):
-            updates, _ = read_updates(settings.kafka, topic, serde, log_range=LogRange(since_ms=since_ms))
-        return [u for u in updates if u["domain"] == name]
-
-    decision = Gate(publisher, read_log).run(domain, GateConfig.from_settings(getattr(domain_settings, "promotion", {})))
+    read_log = domain_log_reader(settings.kafka, topic, settings.worker_config().serde("update", topic=topic))
+    with err_console.status(f"reading {topic} and judging {domain}'s canary"):
+        decision = Gate(publisher, read_log).run(domain, GateConfig.from_settings(getattr(domain_settings, "promotion", {})))
     table = Table("domain", "action", "stable", "canary", "rows", "canary rows", title="promotion gate")
     table.add_row(domain, decision.action, decision.stable_version or "-", decision.canary_version or "-",
                   f"{decision.rows:,}", f"{decision.canary_rows:,}")

@@ -277,6 +277,37 @@ class Settings(ConfigSection):
             kwargs["profile_name"] = self.s3.profile
         return kwargs
 
+    def snapshot_store(self) -> Any:
+        """The snapshot repository's store (``stores.snapshots``: a directory or ``s3://``)."""
+        from publisher.stores import open_store
+
+        return open_store(self.stores.snapshots, s3=self.s3_client_kwargs())
+
+    def publisher_config(self) -> Any:
+        """The ``publish`` section as the publisher's ``PublisherConfig``."""
+        from datetime import timedelta
+
+        from publisher.guards import GuardConfig
+        from publisher.publish import PublisherConfig
+        from publisher.repository import RepositoryConfig
+
+        p = self.publish
+        return PublisherConfig(
+            repository=RepositoryConfig(keep_versions=p.keep_versions, timestamp_expiry=timedelta(seconds=p.timestamp_expiry_s)),
+            guards=GuardConfig(min_samples=p.min_samples, drift_factor=p.drift_factor, on_drift=p.on_drift),
+            channels=tuple(p.channels),
+        )
+
+    def publisher(self, domains: Mapping[str, Any] | None = None) -> Any:
+        """A ``Publisher`` signing with ``publish.keys_dir``'s keys, for ``domains`` (default:
+        every configured one): what the operator commands (promote, gate, reset) write with."""
+        from publisher.cli_ops import load_keys
+        from publisher.publish import Publisher
+
+        keys, root = load_keys(self.publish.keys_dir)
+        return Publisher(self.snapshot_store(), keys, root, domains=dict(self.domains if domains is None else domains),
+                         tenant=self.tenant, workspace=self.workspace, config=self.publisher_config())  # fmt: skip
+
     @property
     def trusted_root_path(self) -> Path:
         return Path(self.sdk.trusted_root) if self.sdk.trusted_root else Path(self.publish.keys_dir) / "root.json"

@@ -567,7 +567,7 @@ class ServeApp:
         store = open_store(s.stores.snapshots, s3=s.s3_client_kwargs())
         publisher = Publisher(store, keys, root, domains={w.domain: loop.domain_settings}, tenant=w.tenant, workspace=w.workspace,
                               config=PublisherConfig(channels=tuple(s.publish.channels)))  # fmt: skip
-        result = publisher.publish(w.domain, loop.domain_settings.make_policy(), force=True)
+        result = publisher.reset(w.domain)
         log.warning("%s: model reset: published %s from priors", w, result.version)
         loop.decider.refresh()
 

@@ -229,6 +229,17 @@ class Publisher:
         self.metrics.publish_seconds.labels(domain).observe(time.perf_counter() - started)
         return result
 
+    def reset(self, domain: str) -> PublishResult:
+        """A new version of ``domain`` holding its policy's priors (Personalizer's model reset;
+        the learner's state is untouched). A gated domain's reset goes to the canary channel
+        only, like any new version of it: the promotion gate judges it before users see it."""
+        settings = self.settings(domain)
+        promotion = getattr(settings, "promotion", None)
+        gated = promotion is not None and promotion.canary_share > 0
+        stable = self.repository(domain).channel_head("stable") if gated else None
+        channels = ("canary",) if stable is not None else None
+        return self.publish(domain, settings.make_policy(), channels=channels, force=True)
+
     def _build(
         self,
         domain: str,

@@ -308,7 +308,6 @@ class _PublisherWorker:
 
     def _publish(self, domain: str) -> None:
         self._last_attempt[domain] = time.monotonic()
-        self.table.mark(domain)
         channels = None
         if domain in self.gated:
             try:
@@ -324,6 +323,9 @@ class _PublisherWorker:
                     log.info("%s: canary %s awaits the gate's verdict; the new state waits", domain, canary.version)
                     return
                 channels = ("canary",)
+        # Marked only now: state learned while a canary was held still counts as new, so it
+        # ships as the next canary right after the verdict, without waiting for more traffic.
+        self.table.mark(domain)
         policy, drift, offsets, skipped = policy_from_shards(self.config.domains[domain], self.table.shards(domain))
         for warning in skipped:
             log.warning("%s: shard left out of the snapshot: %s", domain, warning)

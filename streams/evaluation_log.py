@@ -31,7 +31,7 @@ from streams.errors import DecodeError
 from streams.serde import AvroSerde
 from streams.settings import KafkaSettings
 
-__all__ = ["LogRange", "ReadReport", "read_update_files", "read_updates"]
+__all__ = ["LogRange", "ReadReport", "domain_log_reader", "read_update_files", "read_updates"]
 
 
 @dataclass(frozen=True)
@@ -138,6 +138,17 @@ def read_updates(
 #: How much earlier than the range's start reading seeks by record time: an update is written
 #: after its decision (window, grace), by a join whose clock may differ a little, ms.
 _SEEK_SLACK_MS = 10 * 60 * 1000
+
+
+def domain_log_reader(kafka: KafkaSettings, topic: str, serde: AvroSerde) -> Callable[[str, int], list[dict[str, Any]]]:
+    """``read_log(domain, since_ms)`` for the promotion gate: the domain's updates on ``topic``
+    decided at or after ``since_ms``."""
+
+    def read_log(domain: str, since_ms: int) -> list[dict[str, Any]]:
+        updates, _ = read_updates(kafka, topic, serde, log_range=LogRange(since_ms=since_ms))
+        return [u for u in updates if u["domain"] == domain]
+
+    return read_log
 
 
 def _offsets_at(consumer: Consumer, topic: str, partitions: list[int], timestamp_ms: int) -> dict[int, int]:

@@ -157,5 +157,28 @@ def test_a_gated_domain_publishes_to_the_canary_only_and_holds_while_a_canary_wa
         worker.table.put({**shard, "arm": "a", "state": policy.arm_state_bytes("a"), "update_count": 900})
         worker._publish("route")
         assert repo.channel_head("canary").version == pending.version and worker.stats.held == 1
+        # The verdict (here a promotion) releases the held state at once, with no new update.
+        worker.publisher.promote("route", pending.version, "stable", source="canary")
+        worker._last_attempt["route"] = 0.0
+        assert "route" in worker._due()
+        worker._publish("route")
+        carried = repo.channel_head("canary")
+        assert carried.version not in (pending.version, first.version) and repo.channel_head("stable").version == pending.version
+        assert worker.publisher.repository("route").latest().custom["samples"] >= 900
     finally:
         worker.gate_log.close()
+
+
+def test_a_reset_of_a_gated_domain_goes_to_the_canary_and_of_an_ungated_one_to_every_channel(tmp_path, keys, root):
+    """Personalizer's model reset publishes the priors; on a gated domain the gate judges it first."""
+    store = DirectoryStore(tmp_path / "snapshots")
+    pconfig = PublisherConfig(guards=GuardConfig(min_samples=1, drift_warmup=0))
+    publisher = Publisher(store, keys, root, domains={"route": domain(), "plain": domain(None)}, config=pconfig)
+    for name in ("route", "plain"):
+        publisher.publish(name, trained(1.0, seed=2), channels=("canary", "stable"))
+        learned = publisher.repository(name).channel_head("stable")
+        reset = publisher.reset(name)
+        repo = publisher.repository(name)
+        assert reset.snapshot.samples == 0 and str(repo.channel_head("canary").version) == reset.version
+        expected_stable = learned.version if name == "route" else reset.version
+        assert str(repo.channel_head("stable").version) == str(expected_stable), name
