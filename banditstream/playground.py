@@ -19,6 +19,15 @@ decisions of a round are stamped a millisecond apart, ending about now, and each
 its simulated delay), and every topic has one partition, so a seed gives the same updates in
 the same order, the same learner state and the same decisions on every run.
 
+A domain with a ``promotion`` canary share is *gated*, as in production: the publisher sends
+its new versions to the canary channel, the SDK routes the canary share of decisions to it,
+and the product's promotion gate (:class:`~publisher.gate.Gate`) promotes or rolls it back.
+Here the gate runs when the program calls :meth:`Playground.gate` (at a round's end, over the
+whole log so far) rather than on the publisher's timer, so its verdicts fall at the same
+points on every run; :meth:`Playground.release` promotes by hand (the operator's ``snapshot
+promote``) and :meth:`Playground.reset` publishes the priors (a model reset), which a gated
+domain's canary receives.
+
 Waiting has no fixed limit: :meth:`Playground.learn` gives up only when nothing moved
 (joins, updates learned, snapshots published) for ``patience_s``. On a failure the working
 directory is kept and named; otherwise it is removed, unless it was given.
@@ -166,6 +175,14 @@ class Playground:
         self._given_workdir = workdir is not None
         self.workdir = Path(workdir) if workdir is not None else Path(tempfile.mkdtemp(prefix="banditstream-playground-"))
         self._domain_trees = {name: dict(tree) for name, tree in domains.items()}
+        #: the gated domains (a ``promotion.canary_share`` above 0) and each one's gate verdicts
+        self.gated = {name for name, tree in domains.items() if float((tree.get("promotion") or {}).get("canary_share") or 0) > 0}
+        self.verdicts: dict[str, list[Any]] = {name: [] for name in self.gated}
+        self.canary_sources: dict[str, PulledSnapshots] = {}
+        # Decisions are stamped at most this far behind the wall clock. A gated domain's are
+        # not behind at all: the gate counts the rows decided after its canary was published.
+        self._lag_ms = 0 if self.gated else 5_000
+        self._publisher: Any = None
         self.clock = EventClock()
         self.topics = TopicSettings(partitions=1, update_partitions=1)  # one order, every run
         self.workers = WorkerProcesses(self.workdir / "logs")
@@ -217,6 +234,10 @@ class Playground:
             client = SnapshotClient(str(self.workdir / "snapshots"), self.workdir / "cache" / name,
                                     self.workdir / "keys" / "root.json", domain=name)  # fmt: skip
             self.sources[name] = PulledSnapshots(client)
+            if name in self.gated:
+                self.canary_sources[name] = PulledSnapshots(SnapshotClient(
+                    str(self.workdir / "snapshots"), self.workdir / "cache" / f"{name}.canary", self.workdir / "keys" / "root.json",
+                    domain=name, channel="canary"))  # fmt: skip
             self.deciders[name] = Decider(
                 name, kafka=self.kafka, settings=self.settings[name], topics=self.topics, seed=self.seed + i,
                 spool_path=self.workdir / "spool" / f"{name}.spool", clock=self.clock,
@@ -230,6 +251,8 @@ class Playground:
             tree = json.loads(json.dumps(tree))  # a copy, and only what JSON can hold
             tree.setdefault("params", {}).setdefault("seed", self.seed)
             tree.setdefault("reward", {}).setdefault("window_s", self.window_s)
+            if name in self.gated:  # judged by gate(), not on the publisher's timer
+                tree["promotion"] = {**tree["promotion"], "every_s": 1e9}
             domains[name] = tree
         config = {
             "kafka": {"bootstrap_servers": self.kafka.bootstrap_servers, "profile": self.kafka.profile},
@@ -280,7 +303,7 @@ class Playground:
 
     def decide(self, domain: str, context: Mapping[str, Any], actions: Sequence[str], **kwargs: Any):
         """One decision, stamped a millisecond after the previous one (never ahead of now)."""
-        self.clock.ms = max(self.clock.ms + 1, int(time.time() * 1000) - 5_000)
+        self.clock.ms = max(self.clock.ms + 1, int(time.time() * 1000) - self._lag_ms)
         decision = self.decider(domain).decide(context, actions, **kwargs)
         self.decided += 1
         if decision.mode == "live":  # shadow and off decisions are joined, never learned
@@ -315,8 +338,11 @@ class Playground:
             decider.flush(30)
         self._stamps.clear()  # the round's rewards are sent
         versions: dict[str, str] = {}
+        for name in sorted(self.gated):
+            if self.made[name]:
+                versions[name] = self._follow_gated(name)
         try:
-            wait_for_snapshots(self.sources, self.deciders, {name: n for name, n in self.made.items() if n},
+            wait_for_snapshots(self.sources, self.deciders, {name: n for name, n in self.made.items() if n and name not in self.gated},
                                progress=lambda: worker_progress(self.workers), check=self._check, patience_s=self.patience_s,
                                on_swap=lambda name, active: versions.__setitem__(name, active.version))  # fmt: skip
         except Stalled as stall:
@@ -327,6 +353,99 @@ class Playground:
                                   f"{', '.join(stall.pending)} ({joined:,.0f} joined, {learned:,.0f} learned of "
                                   f"{sum(self.made.values()):,} decisions); the {stage} worker's last lines:\n{tail}") from None  # fmt: skip
         return versions
+
+    # -- gated domains ---------------------------------------------------------------------
+
+    def gate(self, domain: str) -> Any:
+        """Judge ``domain``'s pending canary now with the product's promotion gate (as
+        ``banditstream snapshot gate`` does) over every decision so far; after a promotion or a
+        rollback, wait for the canary carrying all that was learned and swap both channels into
+        the SDK. Returns the :class:`~publisher.gate.GateDecision` (also kept in ``verdicts``)."""
+        from publisher.gate import Gate, GateConfig
+        from streams.evaluation_log import domain_log_reader
+
+        self._gated(domain)
+        self._until(lambda: worker_progress(self.workers)[0] >= self.decided, f"{domain}'s decisions joined")
+        settings = self.config()
+        topic = settings.topics.updates
+        read_log = domain_log_reader(self.kafka, topic, settings.worker_config().serde("update", topic=topic))
+        decision = Gate(self._publisher_for(), read_log).run(domain, GateConfig.from_settings(settings.domains[domain].promotion))
+        self.verdicts[domain].append(decision)
+        if decision.committed:
+            self._follow_gated(domain)
+        return decision
+
+    def release(self, domain: str) -> str:
+        """Promote ``domain``'s canary to stable by hand (``banditstream snapshot promote``):
+        e.g. the offline stage's warm start, once evaluated. Returns the stable version."""
+        self._gated(domain)
+        self._publisher_for().promote(domain, None, "stable", source="canary")
+        return self._follow_gated(domain)
+
+    def reset(self, domain: str) -> str:
+        """Publish ``domain``'s priors (a model reset; the learner's state stays): a gated
+        domain's canary receives them and the gate judges them. Returns the version."""
+        self._gated(domain)
+        version = self._publisher_for().reset(domain).version
+        self._until(lambda: getattr(self._latest(self.canary_sources[domain]), "version", None) == version, f"{domain}'s reset")
+        self.decider(domain).use(self._latest(self.canary_sources[domain]), channel="canary")
+        return version
+
+    def _follow_gated(self, name: str) -> str:
+        """Wait until the canary channel holds what a round's end should: a version that learned
+        from every decision so far, or one awaiting the gate's verdict once every decision is
+        joined (the state learned meanwhile waits for the verdict). Swap both channels into the
+        SDK; returns the stable version."""
+        from publisher.gate import nothing_to_gate
+
+        repository = self._publisher_for().repository(name)
+
+        def ready() -> bool:
+            canary = self._latest(self.canary_sources[name])
+            if canary is None or self._latest(self.sources[name]) is None:
+                return False
+            if canary.samples >= self.made[name]:
+                return True
+            head = repository.head()
+            pending = nothing_to_gate(head.channel_head("stable"), head.channel_head("canary")) is None
+            return pending and worker_progress(self.workers)[0] >= self.decided
+
+        self._until(ready, f"a canary of {name} that learned from {self.made[name]:,} decisions")
+        stable = self._latest(self.sources[name])
+        self.decider(name).use(stable)
+        self.decider(name).use(self._latest(self.canary_sources[name]), channel="canary")
+        return stable.version
+
+    def _gated(self, domain: str) -> None:
+        self.decider(domain)
+        if domain not in self.gated:
+            raise PlaygroundError(f"{domain} is not gated (give it a promotion.canary_share above 0)")
+
+    def _publisher_for(self) -> Any:
+        if self._publisher is None:
+            self._publisher = self.config().publisher()
+        return self._publisher
+
+    @staticmethod
+    def _latest(source: PulledSnapshots) -> Any:
+        try:
+            return source.latest()
+        except Exception:  # noqa: BLE001 - nothing published yet, or mid-publish
+            return None
+
+    def _until(self, ready: Callable[[], bool], what: str) -> None:
+        """Poll ``ready`` until it holds; give up only when the workers made no progress for
+        ``patience_s``."""
+        seen, moved = None, time.monotonic()
+        while not ready():
+            self._check()
+            now = worker_progress(self.workers)
+            if now != seen:
+                seen, moved = now, time.monotonic()
+            elif time.monotonic() - moved > self.patience_s:
+                self._failed = True
+                raise PlaygroundError(f"nothing moved for {self.patience_s:.0f}s while waiting for {what}")
+            time.sleep(0.2)
 
     def updates(self, domain: str | None = None) -> list[dict[str, Any]]:
         """The joined log (UpdateEvents) read back from the updates topic, for evaluation and

@@ -11,7 +11,10 @@ Two inputs:
   interaction becomes a DecisionEvent (the agents seen in the log, or ``--actions``, are the
   candidates; the logged agent is the chosen one, with the logged ``probability`` or, when
   there is none, the uniform 1/K — an assumption the summary states); each feedback becomes
-  a RewardEvent with the reward as its ``value``.
+  a RewardEvent with the reward as its ``value``. An interaction may list its own candidates
+  with their features (``actions``: ``[{"id", "features": {name: number | string | bool}}]``,
+  what a shared model learns from, e.g. a RAG configuration's knobs) and the whole logged
+  distribution (``probabilities``, one per candidate).
 - **Avro container files** of DecisionEvents and/or RewardEvents (any schema version).
 
 Every line is validated; a bad line is reported with its line number and skipped, never
@@ -157,7 +160,7 @@ def _read_jsonl(path, domain, actions, tenant, workspace, validator) -> ReplayRe
                     continue
                 seen[iid] = decision
                 result.decisions.append(decision)
-                result.assumed_uniform += "probability" not in line
+                result.assumed_uniform += "probability" not in line and "probabilities" not in line
         if "reward" in line:
             value = line["reward"]
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
@@ -189,14 +192,59 @@ def _read_jsonl(path, domain, actions, tenant, workspace, validator) -> ReplayRe
     return result
 
 
+def _line_actions(line: dict[str, Any], candidates: list[str]) -> tuple[list[str], list[dict[str, Any]]] | str:
+    """The interaction's candidates: its own ``actions`` (ids with features) when it has them,
+    else the log's candidates without features."""
+    actions = line.get("actions")
+    if actions is None:
+        return candidates, [{"id": a, "features": {"numeric": {}, "categorical": {}, "vector": []}} for a in candidates]
+    if not isinstance(actions, list) or not actions:
+        return "actions must be a non-empty list of {id, features} objects"
+    ids, records = [], []
+    for i, action in enumerate(actions):
+        if not isinstance(action, dict) or not isinstance(action.get("id"), str) or not action["id"]:
+            return f"actions[{i}] needs an id (a non-empty string)"
+        features = action.get("features", {})
+        if not isinstance(features, dict):
+            return f"actions[{i}].features must be an object of numbers, strings and booleans"
+        numeric, categorical = {}, {}
+        for name, value in features.items():
+            if isinstance(value, bool):
+                categorical[name] = "true" if value else "false"
+            elif isinstance(value, str):
+                categorical[name] = value
+            elif isinstance(value, (int, float)) and math.isfinite(value):
+                numeric[name] = float(value)
+            else:
+                return f"actions[{i}].features.{name} is {value!r}; expected a finite number, a string or a boolean"
+        ids.append(action["id"])
+        records.append({"id": action["id"], "features": {"numeric": numeric, "categorical": categorical, "vector": []}})
+    if len(set(ids)) != len(ids):
+        return "actions has duplicate ids"
+    return ids, records
+
+
 def _decision(line, iid, candidates, domain, tenant, workspace, timestamp) -> dict[str, Any] | str:
     agent = str(line["agent"])
+    found = _line_actions(line, candidates)
+    if isinstance(found, str):
+        return found
+    candidates, action_records = found
     if agent not in candidates:
         return f"agent {agent!r} is not among the candidates {candidates}"
     k = len(candidates)
     chosen = candidates.index(agent)
     logged = line.get("probability")
-    if logged is None:
+    given = line.get("probabilities")
+    if given is not None:
+        if not isinstance(given, list) or len(given) != k or not all(
+            isinstance(p, (int, float)) and not isinstance(p, bool) and 0.0 <= p <= 1.0 for p in given
+        ):
+            return f"probabilities must be {k} numbers in [0, 1], one per candidate"
+        if abs(math.fsum(given) - 1.0) > 1e-6 or given[chosen] <= 0.0:
+            return "probabilities must sum to 1 and give the chosen candidate more than 0"
+        probabilities = [float(p) for p in given]
+    elif logged is None:
         probabilities = [1.0 / k] * k
     else:
         if isinstance(logged, bool) or not isinstance(logged, (int, float)) or not 0.0 < logged <= 1.0:
@@ -241,7 +289,7 @@ def _decision(line, iid, candidates, domain, tenant, workspace, timestamp) -> di
         "domain": domain,
         "timestamp": timestamp if timestamp is not None else 0,
         "context": {"numeric": numeric, "categorical": categorical, "vector": vector},
-        "actions": [{"id": a, "features": {"numeric": {}, "categorical": {}, "vector": []}} for a in candidates],
+        "actions": action_records,
         "chosen": chosen,
         "probabilities": probabilities,
         "policy_version": str(line.get("policy_version", "replay")),

@@ -185,3 +185,23 @@ def test_a_logged_dense_vector_is_the_context_s_vector_and_a_bad_one_is_reported
                                                            "normalize": False}})  # fmt: skip
     row = joined_events(tmp_path / "log.jsonl", "d", settings, actions=["a", "b"])[0]
     assert row["features"][1:4] == [0.25, -1.0, 2.0] and row["reward"] == 1.0  # in slots 1..3, as the join places it
+
+
+def test_an_interaction_may_carry_its_own_candidates_with_features_and_the_whole_logged_distribution(tmp_path):
+    configs = [{"id": "bm25-k8", "features": {"k": 8, "variant": "bm25", "rerank": False}},
+               {"id": "dense-k16", "features": {"k": 16, "variant": "dense", "rerank": True}}]
+    lines = [
+        {"interaction_id": "i1", "agent": "dense-k16", "actions": configs, "probabilities": [0.25, 0.75], "timestamp": 1},
+        {"interaction_id": "i2", "agent": "bm25-k8", "actions": configs, "probabilities": [0.5, 0.6], "timestamp": 2},
+        {"interaction_id": "i3", "agent": "bm25-k8", "actions": [{"id": "bm25-k8", "features": {"k": [8]}}], "timestamp": 3},
+        {"interaction_id": "i4", "agent": "hybrid", "actions": configs, "timestamp": 4},
+        {"interaction_id": "i5", "agent": "bm25-k8", "actions": configs + configs[:1], "timestamp": 5},
+    ]
+    (tmp_path / "log.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    result = read_log(tmp_path / "log.jsonl", domain="rag")
+    [decision] = result.decisions
+    assert decision["chosen"] == 1 and decision["probabilities"] == [0.25, 0.75] and result.assumed_uniform == 0
+    assert decision["actions"][1]["features"] == {"numeric": {"k": 16.0}, "categorical": {"variant": "dense", "rerank": "true"},
+                                                  "vector": []}  # fmt: skip
+    assert [(p.line, p.message.split(" ")[0]) for p in result.problems] == [
+        (2, "probabilities"), (3, "actions[0].features.k"), (4, "agent"), (5, "actions")]
