@@ -227,7 +227,8 @@ class ServeApp:
         self.ready = True
 
     def close(self) -> None:
-        # a job cut short stays Running in its file and reads back Failed at the next start
+        # queued jobs are dropped (their records stay Running in their files and read back Failed
+        # at the next start); the running one finishes
         self.jobs.shutdown(wait=False, cancel_futures=True)
         for loop in list(self._loops.values()):
             report = loop.close()
