@@ -18,8 +18,10 @@ Both forms of the API the clients use are answered:
   ``.../evaluations/{evaluationId}`` (offline evaluations: :mod:`banditstream.serve_evaluations`);
 * 2022-09-01-preview: the same under ``/personalizer/...?api-version=2022-09-01-preview``
   (an evaluation is created with PUT ``evaluations/{evaluationId}``), plus ``multislot/rank``,
-  ``multislot/events/{eventId}/reward``, ``.../activate`` and
-  ``configurations/applyFromEvaluation``;
+  ``multislot/events/{eventId}/reward``, ``.../activate``,
+  ``configurations/applyFromEvaluation``, ``featureImportances`` and
+  ``featureImportances/{featureImportanceId}`` (jobs run on the service's one job thread:
+  :mod:`banditstream.serve_feature_importances`);
 
 and ``/healthz``, ``/readyz``, ``/metrics`` (Prometheus) and ``/openapi.json`` (the
 operations served, from the public API definition; ``?api-version=`` picks the version).
@@ -50,6 +52,7 @@ import threading
 import time
 import uuid
 from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +67,7 @@ from starlette.routing import Route
 
 from banditstream import serve_api as api
 from banditstream import serve_evaluations as evals
+from banditstream import serve_feature_importances as importances
 from banditstream.config import ConfigError, Settings
 from banditstream.serve_api import PREVIEW, V1, ApiError
 from banditstream.serve_domains import DomainLoop, Ranked, Where
@@ -183,6 +187,8 @@ class ServeApp:
         self.ready = False
         self._specs = {version: json.loads((OPENAPI_DIR / f"personalizer-{version}.json").read_text()) for version in api.API_VERSIONS}
         self._log_range: tuple[float, dict[str, Any]] | None = None
+        #: the jobs the API submits (feature importances), one at a time: the service's requests keep the other cores
+        self.jobs = ThreadPoolExecutor(max_workers=1, thread_name_prefix="banditstream-serve-job")
 
     # -- domains --------------------------------------------------------------------------
 
@@ -221,6 +227,9 @@ class ServeApp:
         self.ready = True
 
     def close(self) -> None:
+        # queued jobs are dropped (their records stay Running in their files and read back Failed
+        # at the next start); the running one finishes
+        self.jobs.shutdown(wait=False, cancel_futures=True)
         for loop in list(self._loops.values()):
             report = loop.close()
             if report is not None and getattr(report, "spooled", 0):
@@ -251,8 +260,9 @@ class ServeApp:
             ("/evaluations/{evaluationId}", "evaluation", ["GET", "DELETE"], self.evaluation, (V1,)),
             ("/evaluations/{evaluationId}", "evaluation", ["GET", "PUT", "DELETE"], self.evaluation, (PREVIEW,)),
             ("/configurations/applyFromEvaluation", "apply_from_evaluation", ["POST"], self.apply_from_evaluation, (PREVIEW,)),
-            ("/featureImportances", "feature_importances", ["GET"], self.not_served, (PREVIEW,)),
-            ("/featureImportances/{featureImportanceId}", "feature_importance", ["GET", "PUT", "DELETE"], self.not_served, (PREVIEW,)),
+            ("/featureImportances", "feature_importances", ["GET"], self.feature_importances, (PREVIEW,)),
+            ("/featureImportances/{featureImportanceId}", "feature_importance", ["GET", "PUT", "DELETE"], self.feature_importance,
+             (PREVIEW,)),
         ]
         for path, name, methods, handler, versions in ops:
             if V1 in versions:
@@ -598,10 +608,6 @@ class ServeApp:
         self._log_range = (now, body)
         return body
 
-    async def not_served(self, request: Request, loop: DomainLoop, version: str) -> Response:
-        raise ApiError(f"path: {request.url.path} (feature importances) is not served; an evaluation rates policies, "
-                       "not features", "not_implemented", field="path")  # fmt: skip
-
     # -- evaluations ----------------------------------------------------------------------
 
     async def evaluations(self, request: Request, loop: DomainLoop, version: str) -> Response:
@@ -617,16 +623,7 @@ class ServeApp:
         items = loop.evaluations.list()
         if version == V1:
             return _json([evals.v1_body(item) for item in items], 200)
-        query = request.query_params
-        skip = _query_int(query, "skip", 0, 0)
-        top = _query_int(query, "top", len(items), 0)
-        page = _query_int(query, "maxpagesize", 100, 1)
-        chosen = items[skip : skip + min(top, page)]
-        body: dict[str, Any] = {"value": [evals.preview_details(item) for item in chosen]}
-        left = min(top, len(items) - skip) - len(chosen)
-        if left > 0:
-            body["nextLink"] = str(request.url.include_query_params(skip=skip + len(chosen), top=left, maxpagesize=page))
-        return _json(body, 200)
+        return _json(_page(request, items, evals.preview_details), 200)
 
     async def evaluation(self, request: Request, loop: DomainLoop, version: str) -> Response:
         """GET (preview: with the time series' ``startTime``, ``endTime``, ``intervalInMinutes``
@@ -665,6 +662,42 @@ class ServeApp:
         log.info("%s: evaluation %s %s on %s decisions", w, evaluation_id, item.status, item.rows)
         return item
 
+    # -- feature importances --------------------------------------------------------------
+
+    async def feature_importances(self, request: Request, loop: DomainLoop, version: str) -> Response:
+        """The list (FeatureImportanceDetails, newest first; ``top``/``skip``/``maxpagesize``)."""
+        items = loop.feature_importances.list()
+        return _json(_page(request, items, importances.details), 200)
+
+    async def feature_importance(self, request: Request, loop: DomainLoop, version: str) -> Response:
+        """PUT submits a job under this id (stored Running, answered at once; it runs on the
+        job thread), GET answers it (with ``featureScores`` once Succeeded), DELETE forgets it."""
+        feature_importance_id = api.check_event_id(request.path_params["featureImportanceId"], "InvalidContract",
+                                                   "featureImportanceId")  # fmt: skip
+        store = loop.feature_importances
+        if request.method == "PUT":
+            contract = api.parse_feature_importance(await self._body(request))
+            running = importances.started(feature_importance_id, contract)
+            store.start(running)
+            self.jobs.submit(self._rate_features, loop, running)
+            return Response(status_code=200)
+        if request.method == "DELETE":
+            store.delete(feature_importance_id)
+            return Response(status_code=204)
+        return _json(importances.body(store.get(feature_importance_id)), 200)
+
+    def _rate_features(self, loop: DomainLoop, running: importances.StoredFeatureImportance) -> None:
+        w = loop.where
+        try:
+            updates = loop.read_log(running.since_ms, running.until_ms)
+            decisions = loop.read_decisions(running.since_ms, running.until_ms)
+            done = importances.run_feature_importance(running, updates, decisions, (w.tenant, w.workspace, w.domain))
+        except Exception as exc:  # noqa: BLE001 - the job fails (the broker did not answer, ...), the service goes on
+            log.exception("%s: feature importance %s failed", w, running.id)
+            done = importances.failed(running, f"the log could not be read: {type(exc).__name__}: {exc}")
+        loop.feature_importances.finish(running, done)
+        log.info("%s: feature importance %s %s on %s decisions", w, running.id, done.status, done.rows)
+
     async def apply_from_evaluation(self, request: Request, loop: DomainLoop, version: str) -> Response:
         """The evaluated policy ``policyName`` names (the best of that name) becomes the
         domain's policy, as a policy PUT would make it; ``online`` keeps the policy as it is."""
@@ -700,6 +733,21 @@ class ServeApp:
         if version not in self._specs:
             return _error(api.bad("api-version", f"{version!r} is not served; use one of {', '.join(api.API_VERSIONS)}"), V1)
         return _json(self._specs[version], 200)
+
+
+def _page(request: Request, items: list[Any], answer: Callable[[Any], dict[str, Any]]) -> dict[str, Any]:
+    """A preview list's page: ``skip``, ``top`` (default: all) and ``maxpagesize`` (default
+    100), with a ``nextLink`` to the rest."""
+    query = request.query_params
+    skip = _query_int(query, "skip", 0, 0)
+    top = _query_int(query, "top", len(items), 0)
+    page = _query_int(query, "maxpagesize", 100, 1)
+    chosen = items[skip : skip + min(top, page)]
+    body: dict[str, Any] = {"value": [answer(item) for item in chosen]}
+    left = min(top, len(items) - skip) - len(chosen)
+    if left > 0:
+        body["nextLink"] = str(request.url.include_query_params(skip=skip + len(chosen), top=left, maxpagesize=page))
+    return body
 
 
 def _query_int(query, name: str, default: int, minimum: int) -> int:

@@ -102,8 +102,8 @@ _PREVIEW_CODES = {"bad_request": "BadRequest", "too_large": "PayloadSizeExceeded
                   "forbidden": "OperationNotAllowed", "method": "BadRequest", "not_implemented": "InvalidApiAccess",
                   "conflict": "InvalidRequest"}  # fmt: skip
 #: codes of the preview's that name a missing or existing resource more precisely than the kind's
-_PREVIEW_RESOURCE_CODES = {"not_found": ("EvaluationNotFound", "LearningSettingsNotFound"),
-                           "conflict": ("EvaluationAlreadyExists",)}  # fmt: skip
+_PREVIEW_RESOURCE_CODES = {"not_found": ("EvaluationNotFound", "LearningSettingsNotFound", "FeatureImportanceNotFound"),
+                           "conflict": ("EvaluationAlreadyExists", "FeatureImportanceAlreadyExists")}  # fmt: skip
 
 
 def error_body(error: ApiError, api_version: str | None) -> tuple[int, dict[str, Any]]:
@@ -710,13 +710,7 @@ def parse_evaluation(body: Any, settings: DomainSettings) -> EvaluationContract:
     code = "InvalidEvaluationContract"
     try:
         body = _object(body, "body")
-        name = _string(body.get("name"), "name")
-        for field in ("startTime", "endTime"):
-            if body.get(field) is None:
-                raise bad(field, "required: an ISO 8601 date-time such as '2024-05-01T00:00:00Z'")
-        since_ms, until_ms = parse_time(body["startTime"], "startTime"), parse_time(body["endTime"], "endTime")
-        if until_ms <= since_ms:
-            raise bad("endTime", f"{body['endTime']!r} is not after startTime {body['startTime']!r}")
+        name, since_ms, until_ms = _named_range(body)
         optimize = _boolean(body.get("enableOfflineExperimentation"), "enableOfflineExperimentation")
         optimize = _boolean(body.get("enablePolicyOptimization"), "enablePolicyOptimization", optimize)
         if body.get("policies") is None:
@@ -738,6 +732,18 @@ def parse_evaluation(body: Any, settings: DomainSettings) -> EvaluationContract:
         exc.code = exc.code or code
         raise
     return EvaluationContract(name, since_ms, until_ms, tuple(policies), optimize)
+
+
+def _named_range(body: dict[str, Any]) -> tuple[str, int, int]:
+    """A job contract's ``name`` and its ``[startTime, endTime)`` in epoch ms."""
+    name = _string(body.get("name"), "name")
+    for field in ("startTime", "endTime"):
+        if body.get(field) is None:
+            raise bad(field, "required: an ISO 8601 date-time such as '2024-05-01T00:00:00Z'")
+    since_ms, until_ms = parse_time(body["startTime"], "startTime"), parse_time(body["endTime"], "endTime")
+    if until_ms <= since_ms:
+        raise bad("endTime", f"{body['endTime']!r} is not after startTime {body['startTime']!r}")
+    return name, since_ms, until_ms
 
 
 def _evaluated_policy(item: dict[str, Any], field: str, settings: DomainSettings) -> EvaluatedPolicy:
@@ -783,6 +789,27 @@ def parse_policy_reference(body: Any) -> PolicyReference:
     try:
         body = _object(body, "body")
         return PolicyReference(_string(body.get("evaluationId"), "evaluationId"), _string(body.get("policyName"), "policyName"))
+    except ApiError as exc:
+        exc.code = exc.code or "InvalidContract"
+        raise
+
+
+# -- feature importances --------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FeatureImportanceContract:
+    name: str
+    since_ms: int
+    until_ms: int
+
+
+def parse_feature_importance(body: Any) -> FeatureImportanceContract:
+    """A FeatureImportanceContract body: ``name`` and ``startTime`` < ``endTime``. Raises
+    :class:`ApiError` (InvalidContract, the preview's code for a bad job definition) naming the
+    first bad field."""
+    try:
+        return FeatureImportanceContract(*_named_range(_object(body, "body")))
     except ApiError as exc:
         exc.code = exc.code or "InvalidContract"
         raise

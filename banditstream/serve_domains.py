@@ -5,7 +5,8 @@ settings with the Personalizer configuration applied, and the event ids it ranke
 Configuration changed through the API (service configuration, policy) is kept in memory
 and written to ``<stores.state_dir>/serve/<tenant>/<workspace>/<domain>.json``, read back at
 start; the domain's offline evaluations beside it, in ``<domain>.evaluations/``
-(:mod:`banditstream.serve_evaluations`). That file is this process's; several replicas do not share it (a shared
+(:mod:`banditstream.serve_evaluations`), and its feature importances in
+``<domain>.featureImportances/`` (:mod:`banditstream.serve_feature_importances`). That file is this process's; several replicas do not share it (a shared
 configuration store is not built yet). Its ``domain`` entry has the form of the config
 tree's ``domains.<name>`` section, so it can be copied there for the workers.
 
@@ -35,6 +36,7 @@ from banditstream.config import Settings
 from banditstream.decider import Decider
 from banditstream.serve_api import ACTIVATION_REWARD_ID, ServiceExtras
 from banditstream.serve_evaluations import EvaluationStore
+from banditstream.serve_feature_importances import FeatureImportanceStore
 from learner.domain import DomainSettings
 
 log = logging.getLogger(__name__)
@@ -113,6 +115,7 @@ class DomainLoop:
         self._stats: dict[tuple[float, float], tuple[float, Any]] = {}
         #: the domain's offline evaluations (:mod:`banditstream.serve_evaluations`), kept beside its configuration
         self.evaluations = EvaluationStore(self.path.parent / f"{where.domain}.evaluations")
+        self.feature_importances = FeatureImportanceStore(self.path.parent / f"{where.domain}.featureImportances")
 
     # -- building -------------------------------------------------------------------------
 
@@ -250,6 +253,17 @@ class DomainLoop:
                                   log_range=LogRange(since_ms=since_ms, until_ms=until_ms), timeout_s=60)
         w = self.where
         return [u for u in updates if (u["tenant"], u["workspace"], u["domain"]) == (w.tenant, w.workspace, w.domain)]
+
+    def read_decisions(self, since_ms: int, until_ms: int) -> list[dict[str, Any]]:
+        """The domain's DecisionEvents stamped in ``[since_ms, until_ms)``, from the decisions
+        topic: the contexts by name, which the updates keep only hashed."""
+        from streams.evaluation_log import LogRange, read_updates
+
+        topic = self.settings.topics.decisions
+        decisions, _ = read_updates(self.settings.kafka, topic, self.settings.worker_config().serde("decision", topic=topic),
+                                    log_range=LogRange(since_ms=since_ms, until_ms=until_ms, field="timestamp"), timeout_s=60)
+        w = self.where
+        return [d for d in decisions if (d["tenant"], d["workspace"], d["domain"]) == (w.tenant, w.workspace, w.domain)]
 
     # -- snapshots ------------------------------------------------------------------------
 

@@ -209,7 +209,14 @@ def run_evaluation(evaluation_id: str, contract: EvaluationContract, updates: li
 
 
 class EvaluationStore:
-    """One domain's evaluations, in memory and one JSON file each in ``directory``."""
+    """One domain's evaluations, in memory and one JSON file each in ``directory``. The
+    class attributes name what is kept (feature importances are kept the same way)."""
+
+    item_type: Any = StoredEvaluation
+    noun = "evaluation"
+    id_field = "evaluationId"
+    not_found_code = "EvaluationNotFound"
+    exists_code = "EvaluationAlreadyExists"
 
     def __init__(self, directory: Path):
         self.directory = directory
@@ -223,23 +230,23 @@ class EvaluationStore:
             return
         for path in sorted(self.directory.glob("*.json")):
             try:
-                item = StoredEvaluation.from_json(json.loads(path.read_text(encoding="utf-8")))
+                item = self.item_type.from_json(json.loads(path.read_text(encoding="utf-8")))
             except Exception as exc:  # noqa: BLE001 - one unreadable file must not stop the service
-                log.warning("ignoring unreadable evaluation %s: %s", path, exc)
+                log.warning("ignoring unreadable %s %s: %s", self.noun, path, exc)
                 continue
             self._items[item.id] = item
 
     def _path(self, evaluation_id: str) -> Path:
         return self.directory / f"{hashlib.sha256(evaluation_id.encode()).hexdigest()[:40]}.json"
 
-    def get(self, evaluation_id: str) -> StoredEvaluation:
+    def get(self, evaluation_id: str) -> Any:
         item = self._items.get(evaluation_id)
         if item is None:
-            raise ApiError(f"evaluationId: no evaluation {evaluation_id!r} here", "not_found", code="EvaluationNotFound",
-                           field="evaluationId")  # fmt: skip
+            raise ApiError(f"{self.id_field}: no {self.noun} {evaluation_id!r} here", "not_found", code=self.not_found_code,
+                           field=self.id_field)  # fmt: skip
         return item
 
-    def list(self) -> list[StoredEvaluation]:
+    def list(self) -> list[Any]:
         """Newest first."""
         with self._lock:
             items = list(self._items.values())
@@ -249,29 +256,32 @@ class EvaluationStore:
         """Claim an id for an evaluation about to run (409 when it is taken)."""
         with self._lock:
             if evaluation_id in self._items or evaluation_id in self._running:
-                raise ApiError(f"evaluationId: an evaluation {evaluation_id!r} exists already", "conflict",
-                               code="EvaluationAlreadyExists", field="evaluationId")  # fmt: skip
+                raise ApiError(f"{self.id_field}: the {self.noun} {evaluation_id!r} exists already", "conflict",
+                               code=self.exists_code, field=self.id_field)  # fmt: skip
             self._running.add(evaluation_id)
 
     def release(self, evaluation_id: str) -> None:
         with self._lock:
             self._running.discard(evaluation_id)
 
-    def add(self, item: StoredEvaluation) -> None:
+    def add(self, item: Any) -> None:
+        with self._lock:
+            self._write(item)
+            self._items[item.id] = item
+            self._running.discard(item.id)
+
+    def _write(self, item: Any) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)
         path = self._path(item.id)
         tmp = path.with_suffix(".json.tmp")
         tmp.write_text(json.dumps(item.to_json(), separators=(",", ":")) + "\n", encoding="utf-8")
         os.replace(tmp, path)
-        with self._lock:
-            self._items[item.id] = item
-            self._running.discard(item.id)
 
     def delete(self, evaluation_id: str) -> None:
         self.get(evaluation_id)
-        with self._lock:
+        with self._lock:  # (with the file: a job finishing meanwhile, :meth:`add`, cannot bring it back)
             self._items.pop(evaluation_id, None)
-        self._path(evaluation_id).unlink(missing_ok=True)
+            self._path(evaluation_id).unlink(missing_ok=True)
 
 
 # -- answering ------------------------------------------------------------------------------

@@ -625,6 +625,7 @@ def test_reward_model_features_are_the_encoders_own():
         "learner.evaluation",
         "learner.evaluation._inputs",
         "learner.evaluation.estimators",
+        "learner.evaluation.importance",
         "learner.evaluation.intervals",
         "learner.evaluation.reward_models",
     ],

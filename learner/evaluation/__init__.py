@@ -59,6 +59,7 @@ from learner.evaluation.intervals import (
     gaussian_interval,
     weight_diagnostics,
 )
+from learner.evaluation.importance import Importance, permutation_importance
 from learner.evaluation.logged import LoggedBandit
 from learner.evaluation.candidates import AlwaysArm, Candidate, Fixed, Logging, Progressive, Recommended, Uniform
 from learner.evaluation.reward_models import (
@@ -91,6 +92,7 @@ __all__ = [
     "Estimator",
     "EvaluationError",
     "EvaluationWarning",
+    "Importance",
     "InvalidInputError",
     "LoggedArrays",
     "LowESSWarning",
@@ -109,6 +111,7 @@ __all__ = [
     "gaussian_interval",
     "make_estimator",
     "one_hot_features",
+    "permutation_importance",
     "reward_model_features",
     "weight_diagnostics",
 ]
