@@ -604,6 +604,7 @@ def evaluate(
             return snap.load_policy(), snap.version
 
         chosen = ev.parse_candidates(candidates, snapshots=snapshot, batch_size=batch_size, seed=seed)
+        ev.check_candidates(chosen, logged)
         tasks: dict[str, Any] = {}
 
         def scored(name: str, done: int, total: int) -> None:

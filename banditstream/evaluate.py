@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import itertools
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -143,6 +143,16 @@ def _value(text: str) -> Any:
 
 
 _SPEC = re.compile(r"^(?P<policy>[a-z_0-9]+)(\((?P<params>.*)\))?$")
+
+
+def check_candidates(candidates: Sequence[Candidate], log: LoggedBandit) -> None:
+    """Every candidate can score ``log`` (a shared model needs a shared model's log, and a
+    per-arm one a per-arm model's); else :class:`EvaluationInputError`, naming it."""
+    for candidate in candidates:
+        try:
+            candidate.check(log)
+        except ValueError as exc:
+            raise EvaluationInputError(f"{candidate.name}: {exc}") from None
 
 
 def parse_candidates(

@@ -365,7 +365,10 @@ class Playground:
         from streams.evaluation_log import domain_log_reader
 
         self._gated(domain)
-        self._until(lambda: worker_progress(self.workers)[0] >= self.decided, f"{domain}'s decisions joined")
+        # every decision on the log, and learned into the state the publisher holds: what a
+        # verdict releases as the next canary is then all that was learned
+        self._until(lambda: worker_progress(self.workers)[0] >= self.decided and self._held(domain) >= self.made[domain],
+                    f"{domain}'s decisions joined and learned")  # fmt: skip
         settings = self.config()
         topic = settings.topics.updates
         read_log = domain_log_reader(self.kafka, topic, settings.worker_config().serde("update", topic=topic))
@@ -379,8 +382,12 @@ class Playground:
         """Promote ``domain``'s canary to stable by hand (``banditstream snapshot promote``):
         e.g. the offline stage's warm start, once evaluated. Returns the stable version."""
         self._gated(domain)
-        self._publisher_for().promote(domain, None, "stable", source="canary")
-        return self._follow_gated(domain)
+        while True:  # a canary published while learning went on holds part of it: promote again
+            self._until(lambda: self._held(domain) >= self.made[domain], f"{domain}'s decisions learned")
+            self._publisher_for().promote(domain, None, "stable", source="canary")
+            version = self._follow_gated(domain)
+            if self._latest(self.sources[domain]).samples >= self.made[domain]:
+                return version
 
     def reset(self, domain: str) -> str:
         """Publish ``domain``'s priors (a model reset; the learner's state stays): a gated
@@ -393,9 +400,9 @@ class Playground:
 
     def _follow_gated(self, name: str) -> str:
         """Wait until the canary channel holds what a round's end should: a version that learned
-        from every decision so far, or one awaiting the gate's verdict once every decision is
-        joined (the state learned meanwhile waits for the verdict). Swap both channels into the
-        SDK; returns the stable version."""
+        from every decision so far, or one awaiting the gate's verdict once the publisher holds
+        the state learned from every decision (it waits for the verdict). Swap both channels
+        into the SDK; returns the stable version."""
         from publisher.gate import nothing_to_gate
 
         repository = self._publisher_for().repository(name)
@@ -408,13 +415,18 @@ class Playground:
                 return True
             head = repository.head()
             pending = nothing_to_gate(head.channel_head("stable"), head.channel_head("canary")) is None
-            return pending and worker_progress(self.workers)[0] >= self.decided
+            return pending and self._held(name) >= self.made[name]
 
         self._until(ready, f"a canary of {name} that learned from {self.made[name]:,} decisions")
         stable = self._latest(self.sources[name])
         self.decider(name).use(stable)
         self.decider(name).use(self._latest(self.canary_sources[name]), channel="canary")
         return stable.version
+
+    def _held(self, domain: str) -> float:
+        """The updates learned into the state the publisher holds for ``domain``."""
+        learned = self.workers.scrape("publish").get("banditstream_publisher_learned_updates", {})
+        return learned.get(f'domain="{domain}"', 0.0)
 
     def _gated(self, domain: str) -> None:
         self.decider(domain)

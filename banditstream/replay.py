@@ -381,7 +381,13 @@ def joined_events(path: str | Path, domain: str, settings: DomainSettings, *, te
             continue
         got = rewards.get(d["event_id"], [])
         value = float(engine.aggregate(got)[0]) if got else float(engine.default_reward)
-        features = encoder.context_vector(d.get("context") or {}).tolist()
+        context = d.get("context") or {}
+        candidate_features: list[list[float]] = []
+        if settings.features.shared:  # a shared model's rows: the acted candidate's, and every candidate's
+            features = encoder.acted_matrix([d])[0].tolist()
+            candidate_features = encoder.action_matrix(context, d["actions"]).tolist()
+        else:
+            features = encoder.context_vector(context).tolist()
         if settings.features.normalize:  # after encoding, so a value never normalises itself
             encoder.observe(d.get("context") or {}, d["actions"])
         out.append({
@@ -392,6 +398,6 @@ def joined_events(path: str | Path, domain: str, settings: DomainSettings, *, te
             "mode": d.get("mode") or "live", "join_status": "rewarded" if got else "default",
             "feature_hash": settings.features.config_hash(),
             "recommended_probabilities": list(d.get("recommended_probabilities") or ()),
-            "recommended_version": d.get("recommended_version", ""),
+            "recommended_version": d.get("recommended_version", ""), "candidate_features": candidate_features,
         })  # fmt: skip
     return out

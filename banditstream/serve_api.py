@@ -752,10 +752,11 @@ def _evaluated_policy(item: dict[str, Any], field: str, settings: DomainSettings
     name = _string(item.get("name"), f"{field}.name")
     if name not in POLICIES:
         raise bad(f"{field}.name", f"unknown policy {name!r}; known: {', '.join(sorted(POLICIES))}")
-    if POLICIES[name].shared:
-        per_arm = ", ".join(sorted(k for k, v in POLICIES.items() if not v.shared))
-        raise bad(f"{field}.name", f"{name!r} is a shared model: it scores every candidate's own features, and the joined "
-                  f"log keeps only the acted one's; evaluate a per-arm policy ({per_arm})")  # fmt: skip
+    shared = POLICIES[settings.policy].shared
+    if POLICIES[name].shared != shared:
+        alike = ", ".join(sorted(k for k, v in POLICIES.items() if v.shared == shared))
+        raise bad(f"{field}.name", f"{name!r} is a {'shared' if POLICIES[name].shared else 'per-arm'} model and this domain's log "
+                  f"is a {'shared' if shared else 'per-arm'} model's; evaluate one of {alike}")  # fmt: skip
     arguments = item.get("arguments")
     arguments = "" if arguments is None else arguments
     if not isinstance(arguments, str):

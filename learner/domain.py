@@ -41,7 +41,8 @@ class PromotionSettings(BaseModel):
 
     canary_share: float = Field(0.0, ge=0.0, lt=1.0, description="share of units the SDK routes to the canary; 0: none")
     min_events: int = Field(1000, ge=1, description="canary-decided rows needed before the gate acts")
-    estimator: str = Field("snips", description="off-policy estimator, a name in learner.evaluation.ESTIMATORS")
+    estimator: str = Field("snips", description="off-policy estimator (a name in learner.evaluation.ESTIMATORS), or "
+                           "on_policy: each channel rated on its own decisions, an A/B test")
     level: float = Field(0.95, gt=0.0, lt=1.0, description="confidence level of the intervals")
     margin: float = Field(0.0, ge=0.0, description="how much the canary's lower bound must beat the stable's value by")
     tolerated_regression: float = Field(
@@ -63,8 +64,8 @@ class PromotionSettings(BaseModel):
         # Imported here: the SDK reads these settings but never needs the estimators.
         from learner.evaluation.estimators import ESTIMATORS
 
-        if value not in ESTIMATORS:
-            raise ValueError(f"must be one of {', '.join(sorted(ESTIMATORS))}")
+        if value not in ESTIMATORS and value != "on_policy":
+            raise ValueError(f"must be one of {', '.join(sorted([*ESTIMATORS, 'on_policy']))}")
         return value
 
 

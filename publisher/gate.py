@@ -11,7 +11,13 @@ The workflow of one :meth:`Gate.run`, in order:
 3. **Estimate.** Both snapshots' policies are scored on every logged row with their own
    decision step (:class:`~learner.evaluation.candidates.Fixed`) and rated by the configured
    estimator with its interval at ``level`` (one cross-fitted reward model for DR and the
-   like). A paired comparison: the same rows, the same reward model.
+   like). A paired comparison: the same rows, the same reward model. With the estimator
+   ``on_policy`` instead, each channel is rated on the decisions it made itself: the mean
+   reward of the rows its snapshot decided, with its CLT interval. The SDK routes units to
+   the channels at random (by a hash), so this is an A/B test, unbiased whatever the two
+   policies do; use it when they are too far apart (near-greedy policies over many
+   candidates) for either one's choices to be found often enough in the other's traffic,
+   which the off-policy estimators report as too small an effective sample size.
 4. **Decide.**
 
    * **promote** when the canary's lower bound beats the stable's value by ``margin``:
@@ -32,7 +38,9 @@ what the CLI prints and the worker logs.
 from __future__ import annotations
 
 import logging
+import math
 import time
+from statistics import NormalDist
 from datetime import datetime
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
@@ -48,11 +56,15 @@ from publisher.errors import PublisherError
 from publisher.publish import Publisher
 from publisher.snapshot import Snapshot
 
-__all__ = ["Gate", "GateConfig", "GateDecision", "GateMetrics", "canary_since_ms", "nothing_to_gate"]
+__all__ = ["ON_POLICY", "Gate", "GateConfig", "GateDecision", "GateMetrics", "canary_since_ms", "nothing_to_gate", "on_policy_estimate"]
 
 log = logging.getLogger(__name__)
 
 ACTIONS = ("promote", "rollback", "wait", "nothing")
+#: the gate's A/B estimator: each channel rated on the decisions it made (see the module's doc)
+ON_POLICY = "on_policy"
+#: fewer decisions of a channel than this and its on-policy estimate is too little evidence
+MIN_ON_POLICY_ROWS = 30
 
 
 @dataclass(frozen=True)
@@ -74,7 +86,8 @@ class GateConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        estimator_from_spec(self.estimator)  # an unknown estimator fails here, by name
+        if self.estimator != ON_POLICY:
+            estimator_from_spec(self.estimator)  # an unknown estimator fails here, by name
         if not 0.5 <= self.level < 1.0:
             raise ValueError(f"level must be in [0.5, 1), got {self.level!r}")
         if self.interval not in ("gaussian", "bootstrap"):
@@ -144,6 +157,22 @@ def _millis(value: Any) -> int:
     return int(datetime.fromisoformat(str(value)).timestamp() * 1000)
 
 
+def on_policy_estimate(logged: LoggedBandit, version: str, level: float) -> Estimate:
+    """The mean reward of the rows ``version`` decided, with its CLT interval at ``level``:
+    the on-policy value of a channel's snapshot (the ``on_policy`` estimator)."""
+    rewards = logged.reward[logged.policy_version == version]
+    n = int(rewards.size)
+    mean = float(rewards.mean()) if n else 0.0
+    if n >= 2:
+        half = NormalDist().inv_cdf((1.0 + level) / 2.0) * float(rewards.std(ddof=1)) / math.sqrt(n)
+        lower, upper = mean - half, mean + half
+    else:
+        lower, upper = -math.inf, math.inf
+    warnings = () if n >= MIN_ON_POLICY_ROWS else (f"{n} decisions of {version} (fewer than {MIN_ON_POLICY_ROWS})",)
+    return Estimate(estimator=ON_POLICY, estimate=mean, lower=lower, upper=upper, level=level, method="gaussian", n=n,
+                    ess=float(n), max_weight=1.0, zero_weight_share=0.0, warnings=warnings)  # fmt: skip
+
+
 class GateMetrics:
     """The gate's Prometheus metrics."""
 
@@ -207,6 +236,10 @@ class Gate:
             out.action, out.reason = "wait", f"{out.rows} of {config.min_events} logged decisions since the canary"
             return out
 
+        if config.estimator == ON_POLICY:
+            out.stable, out.canary = (on_policy_estimate(logged, str(entry.version), config.level)
+                                      for entry in (stable, canary))  # fmt: skip
+            return self._judge(domain, config, out)
         policies = {
             name: Snapshot.from_bytes(repo.fetch(entry), expect_major=None).load_policy()
             for name, entry in (("stable", stable), ("canary", canary))
@@ -222,11 +255,16 @@ class Gate:
             return out
         by_name = {r.name: r.estimates[config.estimator] for r in run.results}
         out.stable, out.canary = by_name["stable"], by_name["canary"]
+        return self._judge(domain, config, out)
+
+    def _judge(self, domain: str, config: GateConfig, out: GateDecision) -> GateDecision:
+        """Step 4, from the two estimates in ``out``."""
         s, c = out.stable, out.canary
         figures = (f"canary {c.estimate:.4f} [{c.lower:.4f}, {c.upper:.4f}] vs stable {s.estimate:.4f}, "
                    f"{config.estimator}, {out.rows} rows")
-        if c.warnings:
-            out.action, out.reason = "wait", f"too little evidence: {c.warnings[0]}; {figures}"
+        warnings = (*c.warnings, *(s.warnings if config.estimator == ON_POLICY else ()))
+        if warnings:
+            out.action, out.reason = "wait", f"too little evidence: {warnings[0]}; {figures}"
         elif c.lower > s.estimate + config.margin:
             out.action, out.reason = "promote", f"its lower bound beats the stable's value by more than {config.margin}: {figures}"
             self._promote(domain, out)

@@ -93,6 +93,11 @@ class PublisherMetrics:
         )
         self.snapshot_bytes = Gauge("banditstream_snapshot_bytes", "Size of the last published snapshot.", ["domain"], registry=r)
         self.samples = Gauge("banditstream_snapshot_samples", "Samples in the last published snapshot.", ["domain"], registry=r)
+        self.learned = Gauge(
+            "banditstream_publisher_learned_updates",
+            "Updates in the learned state the publisher holds, published or not (a gated domain's waits for its verdict).",
+            ["domain"], registry=r,
+        )  # fmt: skip
         self.published_at = Gauge(
             "banditstream_snapshot_published_timestamp_seconds", "When the last snapshot was committed.", ["domain"], registry=r
         )

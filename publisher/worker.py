@@ -145,6 +145,10 @@ class PosteriorTable:
     def new_updates(self, domain: str) -> int:
         return self._new_updates[domain]
 
+    def learned(self, domain: str) -> int:
+        """The updates in the domain's held state: its models' update counts, summed."""
+        return sum(int(shard["update_count"]) for shard in self._shards[domain].values())
+
     def mark(self, domain: str) -> None:
         self._new_updates[domain] = 0
 
@@ -292,10 +296,15 @@ class _PublisherWorker:
         for failure in batch.failures:
             self.stats.undecodable += 1
             log.warning("posterior record %s[%d]@%d does not decode: %s", failure.topic, failure.partition, failure.offset, failure.error)
+        touched = set()
         for record in batch.records:
             self.stats.records += 1
             if not self.table.put(record):
                 self.stats.ignored += 1
+            else:
+                touched.add(record["domain"])
+        for domain in touched & self.table.domains:
+            self.publisher.metrics.learned.labels(domain).set(self.table.learned(domain))
 
     def _due(self) -> list[str]:
         now = time.monotonic()

@@ -668,6 +668,9 @@ class JoinCore:
                             f"before the partition's decisions ({part.decision_clock}): it cannot be told from a re-send")
         if isinstance(features, Exception):
             raise features
+        candidate_features: list[list[float]] = []
+        if domain.shared:  # every candidate's row, before the normaliser learns this context
+            candidate_features = part.encoder(domain).action_matrix(event.get("context") or {}, event["actions"]).tolist()
         if features is None:
             encoder = part.encoder(domain)
             if domain.shared:
@@ -702,6 +705,7 @@ class JoinCore:
             "recommended_version": event.get("recommended_version") or "",
             "decision_time": event["timestamp"],
             "weight": 1.0,
+            "candidate_features": candidate_features,
             "_shard": shard,
             "_deferred": bool(event.get("deferred")),
         }

@@ -78,9 +78,45 @@ def test_a_progressive_candidate_never_scores_a_row_with_a_model_that_learned_fr
     assert late[np.arange(len(late)), best].mean() > 0.8  # it learned the rule
 
 
+def shared_log(n: int = 600, seed: int = 0) -> LoggedBandit:
+    return LoggedBandit.from_updates(shared_updates(n, seed), domain="d")
+
+
+def shared_updates(n: int, seed: int) -> list[dict]:
+    """A shared model's log: three candidates per row (of four ids, in varying order), each
+    with its own row (intercept, quality); the reward is 1 when the chosen one's quality > 0."""
+    rng = np.random.default_rng(seed)
+    updates = []
+    for i in range(n):
+        rows = np.column_stack([np.ones(3), rng.normal(size=3)])
+        ids = ["a", "b", "c"] if i % 2 else ["d", "c", "b"]
+        chosen = int(rng.integers(3))
+        updates.append({"event_id": f"e{i}", "tenant": "default", "workspace": "main", "domain": "d", "arm": ids[chosen],
+                        "arm_index": chosen, "actions": ids, "probabilities": [1 / 3] * 3, "features": rows[chosen].tolist(),
+                        "reward": float(rows[chosen, 1] > 0), "decision_time": i, "candidate_features": rows.tolist()})  # fmt: skip
+    return updates
+
+
+def test_a_shared_model_is_scored_on_every_candidate_s_own_row_of_a_shared_log():
+    updates = shared_updates(600, 0)
+    log = LoggedBandit.from_updates(updates, domain="d")
+    assert log.actions == ["d", "c", "b", "a"] and log.candidate_rows[1].shape == (3, 2)
+    # row 1 logged a, b, c: its rows are put in the log's column order (c, b, a)
+    np.testing.assert_array_equal(log.candidate_rows[1], np.array(updates[1]["candidate_features"])[[2, 1, 0]])
+    assert log.select(np.arange(600) % 2 == 1).candidate_rows[0] is log.candidate_rows[1]
+    dist = Progressive("shared_lin_ucb", {"alpha": 0.0, "eps0": 0.0}, batch_size=50).action_dist(log)
+    np.testing.assert_allclose(dist.sum(axis=1), 1.0)
+    assert np.all(dist[~log.candidates] == 0.0)
+    late = range(300, len(log))
+    best = [np.flatnonzero(log.candidates[i])[np.argmax(log.candidate_rows[i][:, 1])] for i in late]
+    assert dist[list(late), best].mean() > 0.95  # it learned "the higher quality" from each candidate's own row
+
+
 def test_shared_models_and_bad_specs_are_refused_by_name():
     with pytest.raises(ValueError, match="shared model"):
-        Progressive("shared_lin_ucb")
+        Progressive("shared_lin_ucb").action_dist(logged())
+    with pytest.raises(ValueError, match="per-arm model"):
+        Progressive("lin_ucb").action_dist(shared_log(60))
     with pytest.raises(ValueError, match="unknown policy"):
         Progressive("lin_nonsense")
     with pytest.raises(ValueError, match="batch_size"):

@@ -106,6 +106,44 @@ def test_overlapping_intervals_wait_and_say_why(repo):
     assert decision.to_dict()["canary"]["estimator"] == "snips"
 
 
+def channel_log(policies: dict[str, object], n: int, seed: int, since_ms: int, canary_share: float = 0.1) -> list[dict]:
+    """Live decisions routed at random, ``canary_share`` to the canary: each row decided by
+    its channel's snapshot (version -> policy) with its own step, rewarded by the truth."""
+    rng = np.random.default_rng(seed)
+    X = contexts(n, seed + 100)
+    (stable, s_policy), (canary, c_policy) = policies.items()
+    rows = []
+    for i in range(n):
+        version, policy = (canary, c_policy) if rng.random() < canary_share else (stable, s_policy)
+        choice = policy.probabilities(np.repeat(X[i][None, :], 3, axis=0), ARMS, rng)
+        arm = int(rng.choice(3, p=choice.probabilities))
+        rows.append({"event_id": f"c{seed}-{i}", "tenant": "default", "workspace": "main", "domain": "route", "actions": ARMS,
+                     "probabilities": list(choice.probabilities), "arm_index": arm, "features": X[i].tolist(),
+                     "reward": float(X[i] @ THETA[arm] + rng.normal(0, 0.1)), "decision_time": since_ms + 1 + i,
+                     "policy_version": version, "mode": "live", "join_status": "rewarded"})  # fmt: skip
+    return rows
+
+
+def test_the_on_policy_gate_is_an_a_b_test_of_each_channel_s_own_decisions(repo):
+    """Near-greedy policies that disagree: off-policy, neither's choices are found often enough
+    in the other's traffic; on its own decisions the worse canary is rolled back at once."""
+    store, publisher = repo
+    good, bad = trained(THETA, seed=1), trained(-THETA, seed=2)
+    publisher.publish("route", good, channels=("canary", "stable"))
+    worse = publisher.publish("route", bad)
+    log = channel_log({"1.0.0": good, worse.version: bad}, 3000, seed=7, since_ms=worse.snapshot.created_at)
+    few = Gate(publisher, lambda domain, since: log[:150]).run("route", GateConfig(min_events=100, estimator="on_policy"))
+    assert few.action == "wait" and "fewer than 30" in few.reason
+    gate = Gate(publisher, lambda domain, since: log)
+    snips = gate.run("route", GateConfig(min_events=1000, estimator="snips"))
+    assert snips.action == "wait" and "effective sample size" in snips.reason
+    decision = gate.run("route", GateConfig(min_events=1000, estimator="on_policy"))
+    assert decision.action == "rollback", decision.reason
+    canary_rows = [u["reward"] for u in log if u["policy_version"] == worse.version]
+    assert decision.canary.n == len(canary_rows) and decision.canary.estimate == pytest.approx(np.mean(canary_rows))
+    assert decision.stable.n == len(log) - len(canary_rows) and decision.canary.upper < decision.stable.estimate - 0.02
+
+
 @pytest.mark.parametrize("field, value, message", [
     ("estimator", "magic", "unknown estimator"), ("level", 1.2, "level"), ("interval", "guess", "interval"),
     ("margin", -1.0, "margin"), ("min_events", 0, "min_events"),

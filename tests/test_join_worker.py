@@ -230,6 +230,13 @@ def test_every_decision_yields_exactly_one_update_with_the_right_aggregate(kafka
         if not settings.features.normalize:  # normalised features depend on the partition's history
             assert update["features"] == encoders[d["domain"]].acted_matrix([d])[0].tolist()
         shared = d["domain"] == "ranker"
+        if shared:  # every candidate's row, for evaluating shared policies; the acted one among them
+            rows = update["candidate_features"]
+            assert len(rows) == len(d["actions"]) and rows[chosen] == update["features"]
+            if not settings.features.normalize:
+                assert rows == encoders[d["domain"]].action_matrix(d["context"], d["actions"]).tolist()
+        else:
+            assert update["candidate_features"] == []
         assert key.decode() == (f"default/main/{d['domain']}" if shared else f"default/main/{d['domain']}/{update['arm']}")
     assert statuses["rewarded"] > 8_000 and statuses["default"] > 6_000  # of 20,000: about 60 % and 40 %
     assert sum(1 for _, u in updates if u["mode"] == "shadow") > 800  # one in 17

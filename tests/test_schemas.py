@@ -40,7 +40,9 @@ def _records(schema: object):
 
 
 #: fields the decision gained after version 1 (decoded with their defaults from older records)
-SINCE_V1 = ("recommended", "channel", "recommended_probabilities", "recommended_version")
+#: what the current update schema added after v4, with its default
+ADDED_SINCE_V4 = {"candidate_features": []}
+SINCE_V1 = ("recommended", "channel", "recommended_probabilities", "recommended_version", "candidate_features")
 
 
 def v1_decision() -> dict:
@@ -122,13 +124,29 @@ def test_decision_history_holds_the_real_v2_with_recommended_and_without_channel
 
 
 def test_update_history_holds_the_real_v1_without_channel():
-    assert schemas.history("update") == [1, 2, 3]
+    assert schemas.history("update") == [1, 2, 3, 4]
     v1_fields = [f["name"] for f in schemas.load("update", 1)["fields"]]
     v2 = {f["name"]: f for f in schemas.load("update", 2)["fields"]}
     assert "channel" not in v1_fields
     assert [name for name in v2 if name not in v1_fields] == ["channel"]
     assert (v2["channel"]["type"], v2["channel"]["default"]) == ("string", "stable")
     assert len({schemas.fingerprint("update", v) for v in (1, 2, None)}) == 3
+
+
+def test_update_v4_is_the_current_without_candidate_features_and_reads_as_current_with_none():
+    v4 = schemas.load("update", 4)
+    current = schemas.load("update")
+    assert [f["name"] for f in v4["fields"]] == [f["name"] for f in current["fields"]][:-1]
+    assert current["fields"][-1]["name"] == "candidate_features" and current["fields"][-1]["default"] == []
+    writer, reader = AvroSerde("update", framing="single_object", version=4), AvroSerde("update", framing="single_object")
+    update = {f["name"]: f.get("default") for f in v4["fields"]}
+    update.update(event_id="e", tenant="t", workspace="w", domain="d", arm="a", arm_index=0, actions=["a"], probabilities=[1.0],
+                  probability=1.0, features=[1.0], feature_hash="h", reward=0.5, signals={}, reward_count=1, join_status="rewarded",
+                  mode="live", policy_version="1.0.0", decision_time=1, reward_time=2)
+    decoded = reader.decode(writer.encode(update))
+    assert decoded["candidate_features"] == [] and decoded["reward"] == 0.5
+    rows = [[1.0, 0.5], [1.0, -0.25]]
+    assert reader.decode(reader.encode({**update, "candidate_features": rows}))["candidate_features"] == rows
 
 
 def test_current_reader_reads_v1_single_object_data_with_recommended_defaulted():
@@ -303,7 +321,7 @@ BEFORE_SHADOW = OLD_WRITERS + [("decision", 3, v3_decision), ("update", 2, v2_up
 def test_history_holds_the_real_decision_v3_and_update_v2_without_the_recommendation():
     for name, previous in (("decision", 3), ("update", 2)):
         old = [f["name"] for f in schemas.load(name, previous)["fields"]]
-        current = {f["name"]: f for f in schemas.load(name)["fields"]}
+        current = {f["name"]: f for f in schemas.load(name)["fields"] if f["name"] not in ADDED_SINCE_V4}
         assert [n for n in current if n not in old] == list(NO_RECOMMENDATION)
         assert [n for n in current if n in old] == old  # nothing else moved
         assert {n: current[n]["default"] for n in NO_RECOMMENDATION} == NO_RECOMMENDATION
@@ -351,8 +369,9 @@ def test_current_writers_default_the_recommendation_to_none_and_carry_a_shadows(
     implicit = serde.decode(serde.encode(record()))  # a writer that predates the fields
     shadow = serde.decode(serde.encode({**record(), **SHADOW}))
 
-    assert implicit == {**record(), **NO_RECOMMENDATION}
-    assert shadow == {**record(), **SHADOW}
+    later = ADDED_SINCE_V4 if name == "update" else {}
+    assert implicit == {**record(), **NO_RECOMMENDATION, **later}
+    assert shadow == {**record(), **SHADOW, **later}
 
 
 @pytest.mark.parametrize(("name", "old", "record"), [("decision", 3, v3_decision), ("update", 2, v2_update)])
@@ -376,7 +395,7 @@ def v3_update() -> dict:
 
 
 def test_update_v4_adds_only_the_not_activated_status():
-    v3, current = schemas.load("update", 3), schemas.load("update")
+    v3, current = schemas.load("update", 3), schemas.load("update", 4)
     old_fields = {f["name"]: f for f in v3["fields"]}
     new_fields = {f["name"]: f for f in current["fields"]}
     assert list(old_fields) == list(new_fields)
@@ -384,7 +403,7 @@ def test_update_v4_adds_only_the_not_activated_status():
     assert changed == ["join_status"]
     assert old_fields["join_status"]["type"]["symbols"] == ["rewarded", "default"]
     assert new_fields["join_status"]["type"]["symbols"] == ["rewarded", "default", "not_activated"]
-    assert schemas.fingerprint("update", 3) != schemas.fingerprint("update")
+    assert schemas.fingerprint("update", 3) != schemas.fingerprint("update", 4)
 
 
 @pytest.mark.parametrize("framing", ["single_object", "confluent"])
@@ -393,7 +412,7 @@ def test_updates_written_before_not_activated_decode_unchanged(framing, decode_p
     if framing == "single_object":
         assert payload[2:10] == schemas.fingerprint("update", 3)
 
-    assert reader.decode(payload) == {**v3_update()}
+    assert reader.decode(payload) == {**v3_update(), **ADDED_SINCE_V4}
     assert AvroSerde("update", framing="single_object").decode(
         AvroSerde("update", framing="single_object").encode({**v3_update(), "join_status": "not_activated"})
     )["join_status"] == "not_activated"

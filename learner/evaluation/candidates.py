@@ -65,6 +65,9 @@ class Candidate:
         """The rows the candidate can be evaluated on (a boolean mask); None: all of them."""
         return None
 
+    def check(self, log: LoggedBandit) -> None:
+        """Raise ValueError, saying why, when the candidate cannot score ``log`` at all."""
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.name!r})"
 
@@ -102,22 +105,31 @@ class AlwaysArm(Candidate):
         return dist
 
 
-def _check_per_arm(policy: Policy | str) -> None:
+def _check_rows(policy: Policy | str, log: LoggedBandit) -> None:
+    """A shared model scores every candidate's own row: the log must carry them (the join
+    writes them for a shared model's domain), and a per-arm model needs the context's."""
     cls = POLICIES[policy] if isinstance(policy, str) else type(policy)
-    if cls.shared:
+    if cls.shared and log.candidate_rows is None:
         raise ValueError(
-            f"policy {cls.name!r} is a shared model: it scores every candidate's own feature row, and the joined "
-            "log keeps only the acted one; evaluate it on per-arm policies' logs or from decision events"
+            f"policy {cls.name!r} is a shared model: it scores every candidate's own feature row, and this log keeps "
+            "only the acted one (a per-arm model's log); evaluate it on a shared model's log"
         )
+    if not cls.shared and log.candidate_rows is not None:
+        raise ValueError(f"policy {cls.name!r} is a per-arm model and this is a shared model's log (its rows are "
+                         "the acted candidates', not the context's); evaluate a shared policy on it")  # fmt: skip
 
 
 def _score_rows(policy: Policy, log: LoggedBandit, rows: range, rng: np.random.Generator, out: np.ndarray) -> None:
     """``out[i]`` = the policy's distribution over row i's candidates (the SDK's decide step)."""
     actions = log.actions
+    shared = log.candidate_rows if policy.shared else None
     for i in rows:
         columns = np.flatnonzero(log.candidates[i])
-        X = np.broadcast_to(log.context[i], (len(columns), log.context.shape[1]))
-        choice = policy.probabilities(np.ascontiguousarray(X), [actions[k] for k in columns], rng)
+        if shared is not None:
+            X = shared[i]
+        else:
+            X = np.ascontiguousarray(np.broadcast_to(log.context[i], (len(columns), log.context.shape[1])))
+        choice = policy.probabilities(X, [actions[k] for k in columns], rng)
         out[i, columns] = choice.probabilities
 
 
@@ -133,8 +145,11 @@ class Fixed(Candidate):
     def name(self) -> str:  # type: ignore[override]
         return self.label
 
+    def check(self, log: LoggedBandit) -> None:
+        _check_rows(self.policy, log)
+
     def action_dist(self, log: LoggedBandit, progress=None) -> np.ndarray:
-        _check_per_arm(self.policy)
+        _check_rows(self.policy, log)
         out = np.zeros((len(log), log.n_actions))
         rng = np.random.default_rng(self.seed)
         step = 5000
@@ -158,7 +173,6 @@ class Progressive(Candidate):
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
             raise ValueError(f"unknown policy {self.policy!r}; known: {', '.join(sorted(POLICIES))}")
-        _check_per_arm(self.policy)
         if not isinstance(self.batch_size, int) or self.batch_size < 1:
             raise ValueError(f"batch_size must be a positive integer, got {self.batch_size!r}")
 
@@ -169,7 +183,11 @@ class Progressive(Candidate):
         knobs = ",".join(f"{k}={v}" for k, v in sorted(self.params.items()))
         return f"{self.policy}({knobs})" if knobs else self.policy
 
+    def check(self, log: LoggedBandit) -> None:
+        _check_rows(self.policy, log)
+
     def action_dist(self, log: LoggedBandit, progress=None) -> np.ndarray:
+        _check_rows(self.policy, log)
         model = make_policy(self.policy, dim=log.dimension, seed=self.seed, **dict(self.params))
         rng = np.random.default_rng(self.seed)
         out = np.zeros((len(log), log.n_actions))

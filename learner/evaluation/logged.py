@@ -73,6 +73,9 @@ class LoggedBandit:
     feature_hash: str = ""
     #: rows the readers left out, by reason (another domain, shadow decisions, ...)
     skipped: dict[str, int] = field(default_factory=dict)
+    #: a shared model's log: per row, every candidate's encoded row (k_i, d), in the order of
+    #: the row's candidate columns (``np.flatnonzero(candidates[i])``); None for per-arm logs
+    candidate_rows: np.ndarray | None = None
 
     def __len__(self) -> int:
         return int(self.action.shape[0])
@@ -147,8 +150,19 @@ class LoggedBandit:
         recommended = np.zeros((n, K))
         has_recommendation = np.zeros(n, dtype=bool)
         action = np.empty(n, dtype=np.int64)
+        shared_rows = sum(1 for u in ordered if u.get("candidate_features"))
+        if shared_rows not in (0, n):
+            raise ValueError(f"{shared_rows} of {n} rows carry their candidates' feature rows: evaluate a shared "
+                             "model's log or a per-arm model's, not both")  # fmt: skip
+        candidate_rows = np.empty(n, dtype=object) if shared_rows else None
         for i, update in enumerate(ordered):
             columns = [index[a] for a in update["actions"]]
+            if candidate_rows is not None:
+                rows = np.asarray(update["candidate_features"], dtype=float)
+                if rows.shape != (len(columns), d):
+                    raise ValueError(f"event {update['event_id']!r} carries candidate rows of shape {rows.shape} "
+                                     f"for {len(columns)} actions of dimension {d}")  # fmt: skip
+                candidate_rows[i] = rows[np.argsort(columns, kind="stable")]
             if not 0 <= update["arm_index"] < len(columns) or len(update["probabilities"]) != len(columns):
                 raise ValueError(
                     f"event {update['event_id']!r} logs arm_index {update['arm_index']} and "
@@ -186,6 +200,7 @@ class LoggedBandit:
             scope=(tenant, workspace, domain),
             feature_hash=feature_hash or "",
             skipped=skipped,
+            candidate_rows=candidate_rows,
         )
 
     def select(self, mask: np.ndarray) -> "LoggedBandit":
@@ -199,4 +214,5 @@ class LoggedBandit:
             recommended_dist=self.recommended_dist[keep], has_recommendation=self.has_recommendation[keep],
             recommended_version=self.recommended_version[keep],
             scope=self.scope, feature_hash=self.feature_hash, skipped=dict(self.skipped),
+            candidate_rows=None if self.candidate_rows is None else self.candidate_rows[keep],
         )  # fmt: skip
