@@ -261,7 +261,8 @@ class Playground:
             "publish": {"keys_dir": str(self.workdir / "keys"), "every_updates": 100_000,
                         "every_seconds": self.publish_every_s, "on_drift": "flag"},
             "sdk": {"cache_dir": str(self.workdir / "cache")},
-            "join": {"sweep_interval_s": 0.2},
+            # one producer, one partition, on loopback: records arrive in order and at once
+            "join": {"sweep_interval_s": 0.2, "grace_s": 0.25, "in_flight_margin_s": 0.25},
             "learn": {"emit_every_s": 0.3},
             "domains": domains,
         }  # fmt: skip
