@@ -556,6 +556,261 @@ all_finite(PyObject *module, PyObject *obj)
     return PyBool_FromLong(finite);
 }
 
+/* ---- the shared models' rank-one update (learner/linalg.py: rank_one_update) ---------------
+ *
+ * The factor F = [theta^T; L^T] (d+1, d) of a precision A = C C^T (L^T = C^-1, lower
+ * triangular, zeros above the diagonal) and of b becomes that of A + z z^T and b + y z, in
+ * O(d^2): Carlson's triangular square-root update of the covariance U U^T = A^-1, U = L, for
+ * one observation z of unit noise variance (N. A. Carlson (1973), "Fast triangular formulation
+ * of the square root filter", AIAA Journal 11(9)). With f = L^T z, alpha_{-1} = 1 and, row j
+ * of L^T in turn,
+ *
+ *     alpha_j = alpha_{j-1} + f_j^2      beta_j = alpha_{j-1} / s_j      gamma_j = f_j / s_j
+ *     s_j = sqrt(alpha_{j-1} alpha_j)    L^T[j, i] <- beta_j L^T[j, i] - gamma_j e_i   (i <= j)
+ *     e_i <- e_i + L^T[j, i] f_j   (the value before the update; e starts at 0, ends at A^-1 z)
+ *
+ * and theta <- theta + e (y - z . theta) / alpha_{d-1} (the Kalman gain). Every operation is
+ * the numpy reference's, in its order: f_j in two lanes (even and odd columns, each summed in
+ * column order from 0, then added), z . theta and e in index order from 0, no fused
+ * multiply-adds (-ffp-contract=off). So both give the same bits, and a learner gives the same
+ * posterior whether or not this module is built. */
+
+/* f[r] = row r . z over the columns [0, n) of the nb (<= 4) consecutive rows at L (row
+ * stride d), each in two lanes; columns past a row's diagonal hold zeros and add nothing */
+static inline __attribute__((always_inline)) void
+lane_dots(const double *L, Py_ssize_t d, const double *z, Py_ssize_t n, int nb, double *f)
+{
+    v2 acc[4] = {{0.0, 0.0}, {0.0, 0.0}, {0.0, 0.0}, {0.0, 0.0}};
+    Py_ssize_t i = 0;
+    if (nb == 4) { /* the usual case: four independent chains in flight */
+        const double *r0 = L, *r1 = L + d, *r2 = L + 2 * d, *r3 = L + 3 * d;
+        v2 a0 = acc[0], a1 = acc[1], a2 = acc[2], a3 = acc[3];
+        for (; i + 2 <= n; i += 2) {
+            v2 zi = load2(z + i);
+            a0 += load2(r0 + i) * zi;
+            a1 += load2(r1 + i) * zi;
+            a2 += load2(r2 + i) * zi;
+            a3 += load2(r3 + i) * zi;
+        }
+        acc[0] = a0, acc[1] = a1, acc[2] = a2, acc[3] = a3;
+    } else {
+        for (; i + 2 <= n; i += 2) {
+            v2 zi = load2(z + i);
+            for (int r = 0; r < nb; r++)
+                acc[r] += load2(L + r * d + i) * zi;
+        }
+    }
+    for (int r = 0; r < nb; r++) {
+        double even = acc[r][0], odd = acc[r][1];
+        if (i < n) /* n odd: the last column is even */
+            even += L[r * d + i] * z[i];
+        f[r] = even + odd;
+    }
+}
+
+/* lane_dots as a function of its own: the narrow copy of the update runs faster so (its
+ * accumulators stay in registers; measured), the AVX2 copy slower (it inlines lane_dots) */
+static __attribute__((noinline)) void
+lane_dots_apart(const double *L, Py_ssize_t d, const double *z, Py_ssize_t n, int nb, double *f)
+{
+    lane_dots(L, d, z, n, nb, f);
+}
+
+static inline __attribute__((always_inline)) void
+store2(double *p, v2 v)
+{
+    memcpy(p, &v, sizeof v);
+}
+
+/* The elementwise loops below run four doubles at a time (one AVX register) in the copy of
+ * the update compiled for AVX2 (chosen at import when the CPU has it), two (SSE2, NEON)
+ * otherwise: elementwise arithmetic, so both copies give the same bits. `wide` is a constant
+ * in each copy. */
+#pragma GCC diagnostic ignored "-Wpsabi" /* v4 values never cross a call (all inlined); GCC
+                                           * reports it at the end of the file, hence no pop */
+typedef double v4 __attribute__((vector_size(32)));
+
+static inline __attribute__((always_inline)) v4
+load4(const double *p)
+{
+    v4 v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+static inline __attribute__((always_inline)) void
+store4(double *p, v4 v)
+{
+    memcpy(p, &v, sizeof v);
+}
+
+/* row[i] <- beta row[i] - gamma e[i] and e[i] <- e[i] + row[i] f (row[i] as it was), i < n */
+static inline __attribute__((always_inline)) void
+sweep(double *row, double *e, Py_ssize_t n, double beta, double gamma, double f, int wide)
+{
+    Py_ssize_t i = 0;
+    if (wide) {
+        v4 bv = {beta, beta, beta, beta}, gv = {gamma, gamma, gamma, gamma}, fv = {f, f, f, f};
+        for (; i + 4 <= n; i += 4) {
+            v4 u = load4(row + i), ev = load4(e + i);
+            store4(row + i, bv * u - gv * ev);
+            store4(e + i, ev + u * fv);
+        }
+    }
+    v2 bv = {beta, beta}, gv = {gamma, gamma}, fv = {f, f};
+    for (; i + 2 <= n; i += 2) {
+        v2 u = load2(row + i), ev = load2(e + i);
+        store2(row + i, bv * u - gv * ev);
+        store2(e + i, ev + u * fv);
+    }
+    for (; i < n; i++) {
+        double u = row[i];
+        row[i] = beta * u - gamma * e[i];
+        e[i] = e[i] + u * f;
+    }
+}
+
+/* row[j] <- row[j] + c z[j], j < n */
+static inline __attribute__((always_inline)) void
+add_scaled(double *row, const double *z, Py_ssize_t n, double c, int wide)
+{
+    Py_ssize_t j = 0;
+    if (wide) {
+        v4 cv = {c, c, c, c};
+        for (; j + 4 <= n; j += 4)
+            store4(row + j, load4(row + j) + cv * load4(z + j));
+    }
+    v2 cv = {c, c};
+    for (; j + 2 <= n; j += 2)
+        store2(row + j, load2(row + j) + cv * load2(z + j));
+    for (; j < n; j++)
+        row[j] = row[j] + c * z[j];
+}
+
+/* The k rows (Z, y) in order into F (see above); with A (not NULL), each row also adds
+ * A += z z^T and b += y z, as numpy's one-row update does (every entry one product, added).
+ * e: scratch of d doubles. */
+static inline __attribute__((always_inline)) void
+rank_one_rows(double *F, double *A, double *b, Py_ssize_t d, const double *Z, const double *y, Py_ssize_t k,
+              double *e, int wide)
+{
+    double *theta = F, *L = F + d;
+    for (Py_ssize_t t = 0; t < k; t++) {
+        const double *z = Z + t * d;
+        if (A) {
+            for (Py_ssize_t i = 0; i < d; i++) {
+                add_scaled(A + i * d, z, d, z[i], wide);
+                b[i] = b[i] + z[i] * y[t];
+            }
+        }
+        double zt = 0.0;
+        for (Py_ssize_t i = 0; i < d; i++)
+            zt += z[i] * theta[i];
+        memset(e, 0, (size_t)d * sizeof(double));
+        double alpha = 1.0;
+        for (Py_ssize_t j0 = 0; j0 < d; j0 += 4) {
+            int nb = d - j0 < 4 ? (int)(d - j0) : 4;
+            double f[4];
+            if (wide) /* old rows: a sweep changes its own row alone */
+                lane_dots(L + j0 * d, d, z, j0 + nb, nb, f);
+            else
+                lane_dots_apart(L + j0 * d, d, z, j0 + nb, nb, f);
+            for (int r = 0; r < nb; r++) {
+                Py_ssize_t j = j0 + r;
+                double prev = alpha;
+                alpha = prev + f[r] * f[r];
+                double s = sqrt(prev * alpha);
+                sweep(L + j * d, e, j + 1, prev / s, f[r] / s, f[r], wide);
+            }
+        }
+        double g = (y[t] - zt) / alpha;
+        for (Py_ssize_t i = 0; i < d; i++)
+            theta[i] = theta[i] + e[i] * g;
+    }
+}
+
+static void
+rank_one_narrow(double *F, double *A, double *b, Py_ssize_t d, const double *Z, const double *y, Py_ssize_t k, double *e)
+{
+    rank_one_rows(F, A, b, d, Z, y, k, e, 0);
+}
+
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
+#define HAVE_WIDE 1
+__attribute__((target("avx2"))) static void
+rank_one_wide(double *F, double *A, double *b, Py_ssize_t d, const double *Z, const double *y, Py_ssize_t k, double *e)
+{
+    rank_one_rows(F, A, b, d, Z, y, k, e, 1);
+}
+#endif
+
+static PyObject *
+rank_one(PyObject *module, PyObject *args)
+{
+    PyObject *F_obj, *Z_obj, *y_obj, *A_obj, *b_obj;
+    if (!PyArg_ParseTuple(args, "OOOOO:rank_one", &F_obj, &Z_obj, &y_obj, &A_obj, &b_obj))
+        return NULL;
+    int with_stats = A_obj != Py_None;
+    Py_buffer F, Z, y, A = {0}, b = {0};
+    if (get_array(F_obj, &F, 2, 'd', 1, "factor") < 0)
+        return NULL;
+    if (get_array(Z_obj, &Z, 2, 'd', 0, "Z") < 0) {
+        PyBuffer_Release(&F);
+        return NULL;
+    }
+    if (get_array(y_obj, &y, 1, 'd', 0, "y") < 0) {
+        PyBuffer_Release(&Z);
+        PyBuffer_Release(&F);
+        return NULL;
+    }
+    int ok = 1, have_A = 0, have_b = 0;
+    if (with_stats) {
+        ok = have_A = get_array(A_obj, &A, 2, 'd', 1, "A") == 0;
+        ok = ok && (have_b = get_array(b_obj, &b, 1, 'd', 1, "b") == 0);
+    }
+    Py_ssize_t d = F.shape[1], k = Z.shape[0];
+    double *e = NULL;
+    if (ok) {
+        if (F.shape[0] != d + 1 || Z.shape[1] != d || y.shape[0] != k
+            || (with_stats && (A.shape[0] != d || A.shape[1] != d || b.shape[0] != d))) {
+            PyErr_SetString(PyExc_ValueError, "rank_one needs factor (d+1, d), Z (k, d), y (k,), A (d, d) and b (d,)");
+            ok = 0;
+        } else if (!(e = PyMem_Malloc((size_t)(d > 0 ? d : 1) * sizeof(double)))) {
+            PyErr_NoMemory();
+            ok = 0;
+        }
+    }
+    if (ok) {
+        double *Ab = with_stats ? A.buf : NULL, *bb = with_stats ? b.buf : NULL;
+        Py_BEGIN_ALLOW_THREADS
+#ifdef HAVE_WIDE
+        if (__builtin_cpu_supports("avx2"))
+            rank_one_wide(F.buf, Ab, bb, d, Z.buf, y.buf, k, e);
+        else
+#endif
+            rank_one_narrow(F.buf, Ab, bb, d, Z.buf, y.buf, k, e);
+        Py_END_ALLOW_THREADS
+    }
+    PyMem_Free(e);
+    if (have_b)
+        PyBuffer_Release(&b);
+    if (have_A)
+        PyBuffer_Release(&A);
+    PyBuffer_Release(&y);
+    PyBuffer_Release(&Z);
+    PyBuffer_Release(&F);
+    if (!ok)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(rank_one_doc,
+"rank_one(factor, Z, y, A, b) -> None\n\n"
+"Fold the k rows (Z[r], y[r]) in order into factor = [theta^T; L^T] (d+1, d), in place:\n"
+"each a rank-one update of the precision A -> A + z z^T, b -> b + y z (learner.linalg.\n"
+"rank_one_update, the numpy reference, gives the same bits). A (d, d) and b (d,) are updated\n"
+"too, row by row, unless A is None.");
+
 /* ---- FeatureEncoder._hash_record ------------------------------------------------------------
  *
  * learner/features.py's Python loop, the same steps in the same order, over the same caches:
@@ -1097,6 +1352,7 @@ static PyMethodDef methods[] = {
     {"choose", choose, METH_VARARGS, choose_doc},
     {"repeated_row", repeated_row, METH_VARARGS, repeated_row_doc},
     {"all_finite", all_finite, METH_O, all_finite_doc},
+    {"rank_one", rank_one, METH_VARARGS, rank_one_doc},
     {"hash_record", (PyCFunction)(void (*)(void))hash_record, METH_FASTCALL, hash_record_doc},
     {"assemble", assemble, METH_VARARGS, assemble_doc},
     {NULL, NULL, 0, NULL},
