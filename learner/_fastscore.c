@@ -29,8 +29,10 @@
  * (a hashed context) is summed over its nonzero terms alone; a dense one in pairs of doubles
  * (GCC/Clang vector extensions), four rows of F at a time.
  *
- * Also: repeated_row() builds the (K, d) candidate rows of a per-arm model (the context row,
- * K times; learner.features), all_finite() checks rows before scoring (learner.policies.base),
+ * Also: rank_one() and add_outer() are the shared models' in-place updates (the factor, and
+ * A; learner.linalg.rank_one_update, learner/policies/_linear.py), repeated_row() builds the
+ * (K, d) candidate rows of a per-arm model (the context row, K times; learner.features),
+ * all_finite() checks rows before scoring (learner.policies.base),
  * and hash_record() and assemble() are FeatureEncoder's per-record hashing and batch summing
  * (learner.features), the encoding the join worker spends most on.
  * Python (numpy) stays the fallback for all of it when this module is not built.
@@ -687,22 +689,17 @@ add_scaled(double *row, const double *z, Py_ssize_t n, double c, int wide)
         row[j] = row[j] + c * z[j];
 }
 
-/* The k rows (Z, y) in order into F (see above); with A (not NULL), each row also adds
- * A += z z^T and b += y z, as numpy's one-row update does (every entry one product, added).
- * e: scratch of d doubles. */
+/* The k rows (Z, y) in order into F (see above); with b (not NULL), each row also adds
+ * b += y z. e: scratch of d doubles. */
 static inline __attribute__((always_inline)) void
-rank_one_rows(double *F, double *A, double *b, Py_ssize_t d, const double *Z, const double *y, Py_ssize_t k,
-              double *e, int wide)
+rank_one_rows(double *F, double *b, Py_ssize_t d, const double *Z, const double *y, Py_ssize_t k, double *e, int wide)
 {
     double *theta = F, *L = F + d;
     for (Py_ssize_t t = 0; t < k; t++) {
         const double *z = Z + t * d;
-        if (A) {
-            for (Py_ssize_t i = 0; i < d; i++) {
-                add_scaled(A + i * d, z, d, z[i], wide);
+        if (b)
+            for (Py_ssize_t i = 0; i < d; i++)
                 b[i] = b[i] + z[i] * y[t];
-            }
-        }
         double zt = 0.0;
         for (Py_ssize_t i = 0; i < d; i++)
             zt += z[i] * theta[i];
@@ -729,87 +726,139 @@ rank_one_rows(double *F, double *A, double *b, Py_ssize_t d, const double *Z, co
     }
 }
 
-static void
-rank_one_narrow(double *F, double *A, double *b, Py_ssize_t d, const double *Z, const double *y, Py_ssize_t k, double *e)
+/* A += z z^T for the k rows z of Z in turn: every entry gets its k products added one after
+ * another, the bits of k one-row updates, with each row of A read from and written to memory
+ * once for all k (it stays in the L1 cache meanwhile). */
+static inline __attribute__((always_inline)) void
+outer_rows(double *A, Py_ssize_t d, const double *Z, Py_ssize_t k, int wide)
 {
-    rank_one_rows(F, A, b, d, Z, y, k, e, 0);
+    for (Py_ssize_t i = 0; i < d; i++)
+        for (Py_ssize_t t = 0; t < k; t++)
+            add_scaled(A + i * d, Z + t * d, d, Z[t * d + i], wide);
+}
+
+static void
+rank_one_narrow(double *F, double *b, Py_ssize_t d, const double *Z, const double *y, Py_ssize_t k, double *e)
+{
+    rank_one_rows(F, b, d, Z, y, k, e, 0);
+}
+
+static void
+outer_narrow(double *A, Py_ssize_t d, const double *Z, Py_ssize_t k)
+{
+    outer_rows(A, d, Z, k, 0);
 }
 
 #if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
 #define HAVE_WIDE 1
 __attribute__((target("avx2"))) static void
-rank_one_wide(double *F, double *A, double *b, Py_ssize_t d, const double *Z, const double *y, Py_ssize_t k, double *e)
+rank_one_wide(double *F, double *b, Py_ssize_t d, const double *Z, const double *y, Py_ssize_t k, double *e)
 {
-    rank_one_rows(F, A, b, d, Z, y, k, e, 1);
+    rank_one_rows(F, b, d, Z, y, k, e, 1);
 }
+
+__attribute__((target("avx2"))) static void
+outer_wide(double *A, Py_ssize_t d, const double *Z, Py_ssize_t k)
+{
+    outer_rows(A, d, Z, k, 1);
+}
+#define WIDE (__builtin_cpu_supports("avx2"))
+#else
+#define WIDE 0
 #endif
 
 static PyObject *
 rank_one(PyObject *module, PyObject *args)
 {
-    PyObject *F_obj, *Z_obj, *y_obj, *A_obj, *b_obj;
-    if (!PyArg_ParseTuple(args, "OOOOO:rank_one", &F_obj, &Z_obj, &y_obj, &A_obj, &b_obj))
+    PyObject *F_obj, *Z_obj, *y_obj, *b_obj;
+    if (!PyArg_ParseTuple(args, "OOOO:rank_one", &F_obj, &Z_obj, &y_obj, &b_obj))
         return NULL;
-    int with_stats = A_obj != Py_None;
-    Py_buffer F, Z, y, A = {0}, b = {0};
-    if (get_array(F_obj, &F, 2, 'd', 1, "factor") < 0)
-        return NULL;
-    if (get_array(Z_obj, &Z, 2, 'd', 0, "Z") < 0) {
-        PyBuffer_Release(&F);
-        return NULL;
-    }
-    if (get_array(y_obj, &y, 1, 'd', 0, "y") < 0) {
-        PyBuffer_Release(&Z);
-        PyBuffer_Release(&F);
-        return NULL;
-    }
-    int ok = 1, have_A = 0, have_b = 0;
-    if (with_stats) {
-        ok = have_A = get_array(A_obj, &A, 2, 'd', 1, "A") == 0;
-        ok = ok && (have_b = get_array(b_obj, &b, 1, 'd', 1, "b") == 0);
-    }
-    Py_ssize_t d = F.shape[1], k = Z.shape[0];
+    Py_buffer F, Z, y, b;
+    int have_F = 0, have_Z = 0, have_y = 0, have_b = 0, ok;
+    ok = (have_F = get_array(F_obj, &F, 2, 'd', 1, "factor") == 0)
+         && (have_Z = get_array(Z_obj, &Z, 2, 'd', 0, "Z") == 0)
+         && (have_y = get_array(y_obj, &y, 1, 'd', 0, "y") == 0)
+         && (b_obj == Py_None || (have_b = get_array(b_obj, &b, 1, 'd', 1, "b") == 0));
     double *e = NULL;
     if (ok) {
-        if (F.shape[0] != d + 1 || Z.shape[1] != d || y.shape[0] != k
-            || (with_stats && (A.shape[0] != d || A.shape[1] != d || b.shape[0] != d))) {
-            PyErr_SetString(PyExc_ValueError, "rank_one needs factor (d+1, d), Z (k, d), y (k,), A (d, d) and b (d,)");
+        Py_ssize_t d = F.shape[1], k = Z.shape[0];
+        if (F.shape[0] != d + 1 || Z.shape[1] != d || y.shape[0] != k || (have_b && b.shape[0] != d)) {
+            PyErr_SetString(PyExc_ValueError, "rank_one needs factor (d+1, d), Z (k, d), y (k,) and b (d,) or None");
             ok = 0;
         } else if (!(e = PyMem_Malloc((size_t)(d > 0 ? d : 1) * sizeof(double)))) {
             PyErr_NoMemory();
             ok = 0;
-        }
-    }
-    if (ok) {
-        double *Ab = with_stats ? A.buf : NULL, *bb = with_stats ? b.buf : NULL;
-        Py_BEGIN_ALLOW_THREADS
+        } else {
+            double *bb = have_b ? b.buf : NULL;
+            Py_BEGIN_ALLOW_THREADS
 #ifdef HAVE_WIDE
-        if (__builtin_cpu_supports("avx2"))
-            rank_one_wide(F.buf, Ab, bb, d, Z.buf, y.buf, k, e);
-        else
+            if (WIDE)
+                rank_one_wide(F.buf, bb, d, Z.buf, y.buf, k, e);
+            else
 #endif
-            rank_one_narrow(F.buf, Ab, bb, d, Z.buf, y.buf, k, e);
-        Py_END_ALLOW_THREADS
+                rank_one_narrow(F.buf, bb, d, Z.buf, y.buf, k, e);
+            Py_END_ALLOW_THREADS
+        }
     }
     PyMem_Free(e);
     if (have_b)
         PyBuffer_Release(&b);
-    if (have_A)
-        PyBuffer_Release(&A);
-    PyBuffer_Release(&y);
-    PyBuffer_Release(&Z);
-    PyBuffer_Release(&F);
+    if (have_y)
+        PyBuffer_Release(&y);
+    if (have_Z)
+        PyBuffer_Release(&Z);
+    if (have_F)
+        PyBuffer_Release(&F);
     if (!ok)
         return NULL;
     Py_RETURN_NONE;
 }
 
 PyDoc_STRVAR(rank_one_doc,
-"rank_one(factor, Z, y, A, b) -> None\n\n"
-"Fold the k rows (Z[r], y[r]) in order into factor = [theta^T; L^T] (d+1, d), in place:\n"
-"each a rank-one update of the precision A -> A + z z^T, b -> b + y z (learner.linalg.\n"
-"rank_one_update, the numpy reference, gives the same bits). A (d, d) and b (d,) are updated\n"
-"too, row by row, unless A is None.");
+"rank_one(factor, Z, y, b) -> None\n\n"
+"Fold the k rows (Z[r], y[r]) in order into factor = [theta^T; L^T] (d+1, d), in place: each\n"
+"a rank-one update of the precision A -> A + z z^T, b -> b + y z (learner.linalg.\n"
+"rank_one_update, the numpy reference, gives the same bits). b (d,) is updated too, row by\n"
+"row, unless None; A is add_outer's.");
+
+static PyObject *
+add_outer(PyObject *module, PyObject *args)
+{
+    PyObject *A_obj, *Z_obj;
+    if (!PyArg_ParseTuple(args, "OO:add_outer", &A_obj, &Z_obj))
+        return NULL;
+    Py_buffer A, Z;
+    if (get_array(A_obj, &A, 2, 'd', 1, "A") < 0)
+        return NULL;
+    if (get_array(Z_obj, &Z, 2, 'd', 0, "Z") < 0) {
+        PyBuffer_Release(&A);
+        return NULL;
+    }
+    Py_ssize_t d = A.shape[0], k = Z.shape[0];
+    int ok = A.shape[1] == d && Z.shape[1] == d;
+    if (!ok)
+        PyErr_SetString(PyExc_ValueError, "add_outer needs A (d, d) and Z (k, d)");
+    else {
+        Py_BEGIN_ALLOW_THREADS
+#ifdef HAVE_WIDE
+        if (WIDE)
+            outer_wide(A.buf, d, Z.buf, k);
+        else
+#endif
+            outer_narrow(A.buf, d, Z.buf, k);
+        Py_END_ALLOW_THREADS
+    }
+    PyBuffer_Release(&Z);
+    PyBuffer_Release(&A);
+    if (!ok)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(add_outer_doc,
+"add_outer(A, Z) -> None\n\n"
+"A += z z^T for each row z of Z (k, d), in order, in place: the bits of k one-row updates\n"
+"A += z[:, None] @ z[None, :], in one pass over A.");
 
 /* ---- FeatureEncoder._hash_record ------------------------------------------------------------
  *
@@ -1353,6 +1402,7 @@ static PyMethodDef methods[] = {
     {"repeated_row", repeated_row, METH_VARARGS, repeated_row_doc},
     {"all_finite", all_finite, METH_O, all_finite_doc},
     {"rank_one", rank_one, METH_VARARGS, rank_one_doc},
+    {"add_outer", add_outer, METH_VARARGS, add_outer_doc},
     {"hash_record", (PyCFunction)(void (*)(void))hash_record, METH_FASTCALL, hash_record_doc},
     {"assemble", assemble, METH_VARARGS, assemble_doc},
     {NULL, NULL, 0, NULL},
@@ -1361,7 +1411,8 @@ static PyMethodDef methods[] = {
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "learner._fastscore",
     "The SDK's decision step compiled (linear scores, draws, floor, choice; candidate rows of\n"
-    "per-arm models) and the feature encoding's hashing and summing; see learner/_fastscore.c.", -1, methods,
+    "per-arm models), the shared models' rank-one updates and the feature encoding's hashing\n"
+    "and summing; see learner/_fastscore.c.", -1, methods,
 };
 
 PyMODINIT_FUNC

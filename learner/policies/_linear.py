@@ -19,7 +19,8 @@ with newer rows. Deciding never factorises an arm that has not changed.
 afford an O(d^3) factorisation per row (30 ms at d = 512), so a batch of at most
 ``rank_one_rows(d)`` rows, with ``gamma = 1``, updates the factor row by row in O(d^2)
 (:func:`learner.linalg.rank_one_update`, compiled in ``learner._fastscore``; ``A`` and ``b``
-are summed exactly as by any other batch). Such a factor agrees with a factorisation of ``A``
+are summed exactly as by any other batch, the ``z z^T`` of single rows into ``A`` up to
+``OWED_ROWS`` at a time, with the same bits, before anything reads ``A``). Such a factor agrees with a factorisation of ``A``
 to rounding, not bit for bit, so from then on it is part of the model's state: it is
 serialised with ``A`` and ``b`` (arrays ``theta`` and ``LT``, the lower triangle packed) and
 the scoring view carries it, so a restarted learner, a publisher and the SDK all use the very
@@ -68,6 +69,10 @@ except ImportError:  # not built: the numpy path decides
 #: The shared model is re-factorised exactly whenever its update count crosses a multiple of
 #: this: the rounding of in-place updates (about 1e-13 relative) never piles up for longer.
 EXACT_EVERY = 8192
+#: Rows learned one at a time whose z z^T the shared model sums into A together, in one pass
+#: over A (at d = 512, A is 2 MB: reading and writing it for every row would take longer than
+#: the factor's update); anything that reads A sums them in first (:meth:`_settle`).
+OWED_ROWS = 32
 
 
 def rank_one_rows(d: int) -> int:
@@ -100,6 +105,8 @@ class LinearPolicy(Policy):
         self.refactor_every = int(refactor_every)
         self.intercept_index = None if intercept_index is None else int(intercept_index)
         self._stale: set[int] = set()
+        self._owed = np.empty((OWED_ROWS if self.shared else 0, d))  # rows z not yet in A
+        self._n_owed = 0
         self._eye = np.eye(d)
         super().__init__(dim, **kwargs)
 
@@ -151,6 +158,7 @@ class LinearPolicy(Policy):
             if self._in_place(len(zr)):
                 self._rank_one(Z, zr)
                 return
+            self._settle()
             self._arrays["carried"][0] = 0
         A = self._arrays["A"]
         b = self._arrays["b"]
@@ -172,16 +180,33 @@ class LinearPolicy(Policy):
         self._refresh(slot, force=True)  # a factorisation still due comes first: it is the factor of A now
         F, A, b = self._arrays["factor"][0], self._arrays["A"][0], self._arrays["b"][0]
         if _fastscore is not None and len(zr) == 1:
-            _fastscore.rank_one(F, Z, zr, A, b)  # A and b too: the same bits as the product below
+            _fastscore.rank_one(F, Z, zr, b)  # b too: the bits of the product below
+            self._owed[self._n_owed] = Z[0]  # and A later, with the same bits (_settle)
+            self._n_owed += 1
+            if self._n_owed == OWED_ROWS:
+                self._settle()
         else:
+            self._settle()
             A += Z.T @ Z
             b += Z.T @ zr
             if _fastscore is not None:
-                _fastscore.rank_one(F, Z, zr, None, None)
+                _fastscore.rank_one(F, Z, zr, None)
             else:
                 for z, y in zip(Z, zr.tolist()):
                     rank_one_update(F, z, y)
         self._arrays["carried"][0] = 1
+
+    def _settle(self) -> None:
+        """Sum the rows owed to the shared model's A into it, each as a one-row update."""
+        if not self._n_owed:
+            return
+        A, owed = self._arrays["A"][0], self._owed[: self._n_owed]
+        if _fastscore is not None:
+            _fastscore.add_outer(A, owed)
+        else:
+            for t in range(len(owed)):
+                A += owed[t : t + 1].T @ owed[t : t + 1]
+        self._n_owed = 0
 
     def _invalidate(self, slots: np.ndarray, counts: np.ndarray) -> None:
         carried = self._arrays["carried"]
@@ -245,6 +270,7 @@ class LinearPolicy(Policy):
         if not due.any():
             return
         need = np.unique(slots[due])
+        self._settle()
         try:
             theta, LT = factorise(self._arrays["A"][need], self._arrays["b"][need])
         except NotPositiveDefinite as exc:
@@ -329,6 +355,7 @@ class LinearPolicy(Policy):
         self._stale.difference_update(slots.tolist())
 
     def _drift(self, slot: int) -> Drift:
+        self._settle()
         if not self._scoring_only:
             self._refresh(np.array([slot]), force=True)
         LT = self._arrays["factor"][slot, 1:]

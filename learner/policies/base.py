@@ -35,6 +35,8 @@ them, how candidates are scored); :class:`Policy` owns the mechanics, in the ord
        | zero padding to 8 bytes | raw arrays in header order | CRC-32 of all preceding bytes u32
 
    Only ``<f8`` and ``<i8`` arrays, no pickle. Anything else raises :class:`StateFormatError`.
+   Besides its statistics, a full view carries the derived arrays that are state at the time
+   (the shared linear models' factor after in-place updates; see ``_linear``), all or none.
 6. **Scoring view.** :meth:`~Policy.scoring_view` builds a policy that holds only what deciding
    needs (for linear policies the posterior mean and covariance factor per arm), so the SDK
    scores without inverting anything; it serialises like any policy and refuses to learn.
@@ -291,6 +293,9 @@ class Policy:
     def _invalidate(self, slots: np.ndarray, counts: np.ndarray) -> None:
         """These arms' statistics changed by ``counts`` rows (or were loaded, counts = -1)."""
 
+    def _settle(self) -> None:
+        """Finish any update of the statistics left for later: called before they are read."""
+
     def _carried_shapes(self) -> dict[str, tuple[int, ...]]:
         """Derived arrays that the full view carries when they are state: computed in a way
         that a reload could not repeat bit for bit (the shared model's in-place factor)."""
@@ -347,6 +352,7 @@ class Policy:
         if self._scoring_only:
             raise ScoringOnlyError(f"{type(self).__name__} built from a scoring view holds no statistics")
         slot = self._existing_slot(arm)
+        self._settle()
         return {name: self._arrays[name][slot].copy() for name in self._stat_names}
 
     def expected_rewards(self, X: np.ndarray, arms: Sequence[Any]) -> np.ndarray:
@@ -506,6 +512,7 @@ class Policy:
         return [self._arms[s] for s in slots.tolist()]
 
     def _forget(self, slots: np.ndarray, decay: np.ndarray) -> None:
+        self._settle()
         prior = self._prior_stats(self._arrays["pmean"][slots], self._arrays["pstrength"][slots])
         for name in self._stat_names:
             stat = self._arrays[name]
@@ -641,6 +648,7 @@ class Policy:
         if self._scoring_only:
             arrays = self._scoring_stack(slots)
         else:
+            self._settle()
             arrays = {}
             for name in self._stat_names:
                 value = self._arrays[name][slots]
@@ -671,6 +679,7 @@ class Policy:
                 raise StateFormatError(f"array {name!r} holds NaN or inf")
         if (np.asarray(arrays["count"]) < 0).any():
             raise StateFormatError("negative update count")
+        self._settle()  # into the statistics being replaced: kept if the blob is refused
         previous = {"count": self._arrays["count"][slots]}
         self._arrays["count"][slots] = arrays["count"]
         if view == "full":
