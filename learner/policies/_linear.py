@@ -209,11 +209,9 @@ class LinearPolicy(Policy):
         self._n_owed = 0
 
     def _invalidate(self, slots: np.ndarray, counts: np.ndarray) -> None:
-        carried = self._arrays["carried"]
-        loaded = counts < 0
-        carried[slots[loaded]] = 0  # a loaded state brings its own factor, if any (_load_carried)
-        moved = loaded | (carried[slots] == 0)
-        slots, counts = slots[moved], counts[moved]
+        if self.shared and counts[0] > 0 and self._arrays["carried"][0]:
+            return  # learned in place (_rank_one): the factor is current
+        self._arrays["carried"][slots] = 0  # a loaded state brings its own factor, if any (_load_carried)
         since = self._arrays["since"]
         since[slots] = np.where(counts < 0, self.refactor_every, since[slots] + counts)
         self._stale.update(slots.tolist())
