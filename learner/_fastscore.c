@@ -568,7 +568,7 @@ all_finite(PyObject *module, PyObject *obj)
  * of L^T in turn,
  *
  *     alpha_j = alpha_{j-1} + f_j^2      beta_j = alpha_{j-1} / s_j      gamma_j = f_j / s_j
- *     s_j = sqrt(alpha_{j-1} alpha_j)    L^T[j, i] <- beta_j L^T[j, i] - gamma_j e_i   (i <= j)
+ *     s_j = sqrt(alpha_{j-1}) sqrt(alpha_j)   L^T[j, i] <- beta_j L^T[j, i] - gamma_j e_i   (i <= j)
  *     e_i <- e_i + L^T[j, i] f_j   (the value before the update; e starts at 0, ends at A^-1 z)
  *
  * and theta <- theta + e (y - z . theta) / alpha_{d-1} (the Kalman gain). Every operation is
@@ -704,7 +704,7 @@ rank_one_rows(double *F, double *b, Py_ssize_t d, const double *Z, const double 
         for (Py_ssize_t i = 0; i < d; i++)
             zt += z[i] * theta[i];
         memset(e, 0, (size_t)d * sizeof(double));
-        double alpha = 1.0;
+        double alpha = 1.0, root = 1.0; /* root = sqrt(alpha): no product of alphas overflows */
         for (Py_ssize_t j0 = 0; j0 < d; j0 += 4) {
             int nb = d - j0 < 4 ? (int)(d - j0) : 4;
             double f[4];
@@ -714,9 +714,10 @@ rank_one_rows(double *F, double *b, Py_ssize_t d, const double *Z, const double 
                 lane_dots_apart(L + j0 * d, d, z, j0 + nb, nb, f);
             for (int r = 0; r < nb; r++) {
                 Py_ssize_t j = j0 + r;
-                double prev = alpha;
+                double prev = alpha, prev_root = root;
                 alpha = prev + f[r] * f[r];
-                double s = sqrt(prev * alpha);
+                root = sqrt(alpha);
+                double s = prev_root * root;
                 sweep(L + j * d, e, j + 1, prev / s, f[r] / s, f[r], wide);
             }
         }

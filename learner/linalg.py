@@ -109,7 +109,7 @@ def rank_one_update(F: np.ndarray, z: np.ndarray, y: float) -> None:
     observation of unit noise variance; with ``f = L^T z`` and ``alpha_{-1} = 1``, row j of
     ``L^T`` in turn::
 
-        alpha_j = alpha_{j-1} + f_j^2    s_j = sqrt(alpha_{j-1} alpha_j)
+        alpha_j = alpha_{j-1} + f_j^2    s_j = sqrt(alpha_{j-1}) sqrt(alpha_j)
         L^T[j, :j+1] <- (alpha_{j-1} / s_j) L^T[j, :j+1] - (f_j / s_j) e_j
         e_j = sum_{k<j} f_k L^T[k, :]     (before the update; e_d = A^-1 z)
 
@@ -134,7 +134,8 @@ def rank_one_update(F: np.ndarray, z: np.ndarray, y: float) -> None:
     odd = np.add.accumulate(np.hstack([zeros, P[:, 1::2]]), axis=1)[:, -1]
     f = even + odd  # columns past the diagonal are zeros: they add nothing to a sum from 0
     alpha = np.add.accumulate(np.concatenate([[1.0], f * f]))
-    s = np.sqrt(alpha[:-1] * alpha[1:])
+    root = np.sqrt(alpha)
+    s = root[:-1] * root[1:]  # not sqrt(alpha_{j-1} alpha_j): that product can overflow
     beta, gamma = alpha[:-1] / s, f / s
     E = np.add.accumulate(np.vstack([zeros.T, LT * f[:, None]]), axis=0)  # E[j] = e_j
     zt = np.add.accumulate(np.concatenate([[0.0], z * theta]))[-1]

@@ -79,6 +79,23 @@ def test_rank_one_update_of_a_zero_weight_row_changes_nothing():
     np.testing.assert_array_equal(F, before)
 
 
+def test_rows_at_the_learners_magnitude_limit_keep_the_factor_finite_and_positive():
+    """Features, rewards and weights just under the 1e100 the learner accepts: z z^T stays
+    finite (A too), and no intermediate product of the update overflows."""
+    d = 6
+    A, b = np.eye(d), np.zeros(d)
+    F = factor_of(A, b)
+    rng = np.random.default_rng(13)
+    for _ in range(5):
+        x = rng.uniform(-1, 1, d) * 9e99
+        z, y = x * np.sqrt(9e99), 9e99 * np.sqrt(9e99)
+        F_numpy = F.copy()
+        rank_one_update(F_numpy, z, y)
+        _fastscore.rank_one(F, z[None], np.array([y]), None)
+        assert F.tobytes() == F_numpy.tobytes()
+        assert np.isfinite(F).all() and (np.diagonal(F[1:]) > 0).all()
+
+
 @pytest.mark.parametrize("name", SHARED)
 def test_shared_model_learning_row_by_row_agrees_with_refactorising(name):
     d = 24
