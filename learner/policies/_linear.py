@@ -18,20 +18,20 @@ with newer rows. Deciding never factorises an arm that has not changed.
 **The shared model learns small batches in place.** One model learning every event cannot
 afford an O(d^3) factorisation per row (30 ms at d = 512), so a batch of at most
 ``rank_one_rows(d)`` rows, with ``gamma = 1``, updates the factor row by row in O(d^2)
-(:func:`learner.linalg.rank_one_update`, compiled in ``learner._fastscore``; ``A`` and ``b``
-are summed exactly as by any other batch, the ``z z^T`` of single rows into ``A`` up to
-``OWED_ROWS`` at a time, with the same bits, before anything reads ``A``). Such a factor agrees with a factorisation of ``A``
-to rounding, not bit for bit, so from then on it is part of the model's state: it is
-serialised with ``A`` and ``b`` (arrays ``theta`` and ``LT``, the lower triangle packed) and
-the scoring view carries it, so a restarted learner, a publisher and the SDK all use the very
-factor the learner computed. Which way a batch goes depends only on its size, ``gamma``, the
-dimension and the update count, never on when anything decided or was saved: the posterior is
-a function of the batches, as before. A batch that crosses a multiple of ``EXACT_EVERY`` rows
-of the model, a larger batch or forgetting (``gamma < 1`` pulls ``A`` toward a full-rank prior:
-no rank-one update) goes back to an exact factorisation of ``A``, and the state to ``A`` and
-``b`` alone; so rounding never accumulates over more than ``EXACT_EVERY`` rows. The prior's
-factor (``I / sqrt(s)``, not a factorisation either) counts as such a state too. The per-arm
-models are never updated in place.
+(:func:`learner.linalg.rank_one_update`, compiled in ``learner._fastscore``). ``A`` and ``b``
+are summed exactly as by any other batch (the ``z z^T`` of single rows go into ``A`` up to
+``OWED_ROWS`` at a time, with the same bits, before anything reads ``A``). Such a factor
+agrees with a factorisation of ``A`` to rounding, not bit for bit, so from then on it is part
+of the model's state: it is serialised with ``A`` and ``b`` (arrays ``theta`` and ``LT``, the
+lower triangle packed) and the scoring view carries it, so a restarted learner, a publisher
+and the SDK all use the very factor the learner computed. Which way a batch goes depends only
+on its size, ``gamma``, the dimension and the update count, never on when anything decided or
+was saved: the posterior is a function of the batches, as before. A batch that crosses a
+multiple of ``EXACT_EVERY`` rows of the model, a larger batch or forgetting (``gamma < 1``
+pulls ``A`` toward a full-rank prior: no rank-one update) goes back to an exact factorisation
+of ``A``, and the state to ``A`` and ``b`` alone; so rounding never accumulates over more than
+``EXACT_EVERY`` rows. The prior's factor (``I / sqrt(s)``, not a factorisation either) counts
+as such a state too. The per-arm models are never updated in place.
 
 Each arm caches both as one (d+1, d) matrix ``F = [theta^T; L^T]``, so that scoring a row is a
 single product ``F x = (x . theta, L^T x)``: the decide path reads each arm's factor once.
@@ -239,11 +239,13 @@ class LinearPolicy(Policy):
         self._stale.difference_update(slots.tolist())
 
     def _cache_of(self, slots: np.ndarray) -> Any:
+        if not self._arrays["carried"][slots].any():
+            return None  # as it always was: a refused load leaves the old statistics to be re-factorised
         return {name: self._arrays[name][slots] for name in ("factor", "since", "carried")}
 
     def _restore_cache(self, slots: np.ndarray, cache: Any) -> None:
-        if not cache["carried"].any():
-            return  # as it always was: a refused load leaves the old statistics to be re-factorised
+        if cache is None:
+            return
         for name, value in cache.items():
             self._arrays[name][slots] = value
         self._stale.difference_update(slots[cache["since"] == 0].tolist())
