@@ -24,7 +24,15 @@ Every peer runs in the same process, on the same seeded data, in the same run:
    MABWiser: LinUCB ``predict`` on one context. VW: build the example text, ``predict`` the pmf,
    draw from it. p50 and p99 in us.
 
-3. Regret: a seeded linear contextual environment (see ``LinearEnvironment``), 50,000 steps. Every
+3. Shared-model updates: one model shared by every arm (``shared_lin_ucb``, ``shared_lin_ts``)
+   at d=512 learning one row per ``update_batch`` (B=1), as a loop that learns every event and
+   decides in between does. Each step is ``update_batch`` then ``posterior_mean`` of the shared
+   model, so the rate includes keeping the posterior ready for the next decision (in place,
+   O(d^2) per row, since issue #18; before, a refactorisation per row). 8,192 timed rows from
+   the prior, so the one exact refactorisation due every ``EXACT_EVERY`` rows falls inside the
+   timing. Best of ``repeats`` runs.
+
+4. Regret: a seeded linear contextual environment (see ``LinearEnvironment``), 50,000 steps. Every
    learner follows the same protocol: it decides a mini-batch of 100 steps with its model frozen,
    then learns from those 100 (context, arm, reward, probability) rows. Ours and VW decide one
    context at a time, MABWiser predicts the 100 contexts in one vectorised call (its natural way;
@@ -45,9 +53,11 @@ Run from the repository root::
     .venv/bin/python benchmarks/learner.py --quick      # smoke run, seconds
     .venv/bin/python benchmarks/learner.py --steps 20000 --seed 7 --plot /tmp/regret.png
     .venv/bin/python benchmarks/learner.py --profile    # where our update and decide time goes
+    .venv/bin/python benchmarks/learner.py --only shared  # the shared models' B=1 updates alone
 
 Progress goes to stderr; the results table goes to stdout, and the last line of stdout is one JSON
-object with every figure (``update_per_s_d32``, ``decide_p99_us_lints_d64``, ``regret_ours``, ...).
+object with every figure (``update_per_s_d32``, ``decide_p99_us_lints_d64``,
+``shared_updates_per_s_b1_d512``, ``regret_ours``, ...).
 """
 
 from __future__ import annotations
@@ -83,6 +93,7 @@ from rich.table import Table  # noqa: E402
 
 TARGET_UPDATE_PER_S = {32: 200_000, 128: 50_000}
 TARGET_DECIDE_P99_US = 100.0
+TARGET_SHARED_UPDATES_PER_S = 10_000  # B=1, d=512 (issue #18)
 #: Exploration floors re-run with our best grid setting, to show what the floor costs in regret.
 FLOORS = (0.01, 0.05)
 
@@ -111,6 +122,8 @@ class BenchConfig:
     decide_train_rows: int = 20_000
     decide_calls: int = 20_000
     decide_warmup_calls: int = 1_000
+    shared_dim: int = 512
+    shared_rows: int = 8_192
     repeats: int = 3
     plot: Path = _HERE / "out" / "learner_regret.png"
 
@@ -125,6 +138,7 @@ class BenchConfig:
             decide_train_rows=2_000,
             decide_calls=1_000,
             decide_warmup_calls=100,
+            shared_rows=500,
             repeats=1,
             plot=plot,
         )
@@ -439,6 +453,28 @@ def ours_update_rate(rows: LabelledRows, cfg: BenchConfig, batches: int, policy:
     return sum(len(b[1]) for b in todo) / elapsed
 
 
+def shared_update_rate(policy: str, rows: LabelledRows, warmup: int = 20) -> float:
+    """Rows/s of a shared model learning one row per ``update_batch`` from its prior, each
+    followed by ``posterior_mean``: the posterior ready for the next decision."""
+    from learner.policies import make_policy
+
+    model = make_policy(policy, dim=rows.X.shape[1], seed=0)
+    ids = [str(a) for a in rows.arms.tolist()]
+    steps = [(rows.X[i : i + 1], ids[i : i + 1], rows.rewards[i : i + 1]) for i in range(len(ids))]
+
+    def step(X: np.ndarray, arms: list[str], rewards: np.ndarray) -> None:
+        model.update_batch(X, arms, rewards)
+        model.posterior_mean("")
+
+    for batch in steps[:warmup]:
+        step(*batch)
+    gc.collect()
+    t0 = time.perf_counter()
+    for batch in steps[warmup:]:
+        step(*batch)
+    return (len(steps) - warmup) / (time.perf_counter() - t0)
+
+
 def trained_scoring_view(policy: str, rows: LabelledRows, cfg: BenchConfig) -> OursLearner:
     """Ours trained on ``rows``, then swapped for its scoring view: what the SDK decides from."""
     learner = OursLearner(cfg.decide_arms, rows.X.shape[1], policy, {}, cfg.seed)
@@ -600,7 +636,22 @@ class Bench:
         )
         self.progress.advance(task)
 
-    # 3. regret -----------------------------------------------------------------------------------
+    # 3. shared-model updates at B=1 -------------------------------------------------------------
+    def shared_updates(self) -> None:
+        cfg = self.cfg
+        task = self.progress.add_task("shared updates (B=1)", total=2)
+        rows = LabelledRows.generate(cfg.shared_rows + 20, 10, cfg.shared_dim, self._rng(cfg.shared_dim))
+        for policy, key in (("shared_lin_ucb", ""), ("shared_lin_ts", "_ts")):
+            self.results[f"shared_updates_per_s_b1_d{cfg.shared_dim}{key}"] = best_rate(
+                lambda: shared_update_rate(policy, rows), cfg.repeats
+            )
+            self.progress.advance(task)
+        self.results["shared_update_method"] = (
+            f"d={cfg.shared_dim}, {cfg.shared_rows:,} rows from the prior, one update_batch(1 row) + posterior_mean "
+            f"per row; best of {cfg.repeats} runs"
+        )
+
+    # 4. regret -----------------------------------------------------------------------------------
     def regret_curves(self) -> None:
         cfg = self.cfg
         env = LinearEnvironment.generate(cfg.steps, cfg.regret_arms, cfg.regret_dim, cfg.regret_noise, self._rng(7))
@@ -655,6 +706,8 @@ class Bench:
             ("update_per_s_d32_blas1", "  same, 1 BLAS thread", rate, "", "", ""),
             ("update_per_s_d128", "update d=128, LinUCB (+store write)", rate, "", "", update_target[128]),
             ("update_per_s_d128_blas1", "  same, 1 BLAS thread", rate, "", "", ""),
+            ("shared_updates_per_s_b1_d512", "shared update B=1 d=512, SharedLinUCB", rate, "", "", f">= {TARGET_SHARED_UPDATES_PER_S:,}/s"),
+            ("shared_updates_per_s_b1_d512_ts", "shared update B=1 d=512, SharedLinTS", rate, "", "", f">= {TARGET_SHARED_UPDATES_PER_S:,}/s"),
             ("decide_p50_us_lints_d64", "decide p50 d=64, LinTS", us, "", "", ""),
             ("decide_p99_us_lints_d64", "decide p99 d=64, LinTS", us, "", "", decide_target),
             ("decide_p50_us_linigw_d64", "decide p50 d=64, LinIGW (the default)", us, "", "", ""),
@@ -715,6 +768,9 @@ class Bench:
             key = f"update_per_s_d{dim}"
             if key in r and r[key] < target:
                 missed.append(f"{key} = {r[key]:,.0f}/s < {target:,}/s")
+        for key in ("shared_updates_per_s_b1_d512", "shared_updates_per_s_b1_d512_ts"):
+            if key in r and r[key] < TARGET_SHARED_UPDATES_PER_S:
+                missed.append(f"{key} = {r[key]:,.0f}/s < {TARGET_SHARED_UPDATES_PER_S:,}/s")
         for key in ("decide_p99_us_lints_d64", "decide_p99_us_linucb_d64", "decide_p99_us_linigw_d64"):
             if key in r and r[key] > TARGET_DECIDE_P99_US:
                 missed.append(f"{key} = {r[key]:.1f} us > {TARGET_DECIDE_P99_US:g} us")
@@ -747,7 +803,7 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[BenchConfig, set[str]
     )
     parser.add_argument(
         "--only",
-        choices=("update", "decide", "regret"),
+        choices=("update", "shared", "decide", "regret"),
         action="append",
         help="run only these measurements (repeatable); default all",
     )
@@ -756,7 +812,7 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[BenchConfig, set[str]
         cfg = BenchConfig.quick(args.seed, args.steps, args.plot)
     else:
         cfg = BenchConfig(seed=args.seed, steps=args.steps or BenchConfig.steps, plot=args.plot)
-    return cfg, set(args.only or ("update", "decide", "regret")), args.profile
+    return cfg, set(args.only or ("update", "shared", "decide", "regret")), args.profile
 
 
 def _rounded(value: Any) -> Any:
@@ -781,6 +837,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         bench = Bench(cfg, progress)
         if "update" in only:
             bench.update_throughput()
+        if "shared" in only:
+            bench.shared_updates()
         if "decide" in only:
             bench.decide_latency()
         if "regret" in only:

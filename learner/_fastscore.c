@@ -29,8 +29,10 @@
  * (a hashed context) is summed over its nonzero terms alone; a dense one in pairs of doubles
  * (GCC/Clang vector extensions), four rows of F at a time.
  *
- * Also: repeated_row() builds the (K, d) candidate rows of a per-arm model (the context row,
- * K times; learner.features), all_finite() checks rows before scoring (learner.policies.base),
+ * Also: rank_one() and add_outer() are the shared models' in-place updates (the factor, and
+ * A; learner.linalg.rank_one_update, learner/policies/_linear.py), repeated_row() builds the
+ * (K, d) candidate rows of a per-arm model (the context row, K times; learner.features),
+ * all_finite() checks rows before scoring (learner.policies.base),
  * and hash_record() and assemble() are FeatureEncoder's per-record hashing and batch summing
  * (learner.features), the encoding the join worker spends most on.
  * Python (numpy) stays the fallback for all of it when this module is not built.
@@ -555,6 +557,309 @@ all_finite(PyObject *module, PyObject *obj)
     PyBuffer_Release(&view);
     return PyBool_FromLong(finite);
 }
+
+/* ---- the shared models' rank-one update (learner/linalg.py: rank_one_update) ---------------
+ *
+ * The factor F = [theta^T; L^T] (d+1, d) of a precision A = C C^T (L^T = C^-1, lower
+ * triangular, zeros above the diagonal) and of b becomes that of A + z z^T and b + y z, in
+ * O(d^2): Carlson's triangular square-root update of the covariance U U^T = A^-1, U = L, for
+ * one observation z of unit noise variance (N. A. Carlson (1973), "Fast triangular formulation
+ * of the square root filter", AIAA Journal 11(9)). With f = L^T z, alpha_{-1} = 1 and, row j
+ * of L^T in turn,
+ *
+ *     alpha_j = alpha_{j-1} + f_j^2      beta_j = alpha_{j-1} / s_j      gamma_j = f_j / s_j
+ *     s_j = sqrt(alpha_{j-1}) sqrt(alpha_j)   L^T[j, i] <- beta_j L^T[j, i] - gamma_j e_i   (i <= j)
+ *     e_i <- e_i + L^T[j, i] f_j   (the value before the update; e starts at 0, ends at A^-1 z)
+ *
+ * and theta <- theta + e (y - z . theta) / alpha_{d-1} (the Kalman gain). Every operation is
+ * the numpy reference's, in its order: f_j in two lanes (even and odd columns, each summed in
+ * column order from 0, then added), z . theta and e in index order from 0, no fused
+ * multiply-adds (-ffp-contract=off). So both give the same bits, and a learner gives the same
+ * posterior whether or not this module is built. */
+
+/* f[r] = row r . z over the columns [0, n) of the nb (<= 4) consecutive rows at L (row
+ * stride d), each in two lanes; columns past a row's diagonal hold zeros and add nothing */
+static inline __attribute__((always_inline)) void
+lane_dots(const double *L, Py_ssize_t d, const double *z, Py_ssize_t n, int nb, double *f)
+{
+    v2 acc[4] = {{0.0, 0.0}, {0.0, 0.0}, {0.0, 0.0}, {0.0, 0.0}};
+    Py_ssize_t i = 0;
+    if (nb == 4) { /* the usual case: four independent chains in flight */
+        const double *r0 = L, *r1 = L + d, *r2 = L + 2 * d, *r3 = L + 3 * d;
+        v2 a0 = acc[0], a1 = acc[1], a2 = acc[2], a3 = acc[3];
+        for (; i + 2 <= n; i += 2) {
+            v2 zi = load2(z + i);
+            a0 += load2(r0 + i) * zi;
+            a1 += load2(r1 + i) * zi;
+            a2 += load2(r2 + i) * zi;
+            a3 += load2(r3 + i) * zi;
+        }
+        acc[0] = a0, acc[1] = a1, acc[2] = a2, acc[3] = a3;
+    } else {
+        for (; i + 2 <= n; i += 2) {
+            v2 zi = load2(z + i);
+            for (int r = 0; r < nb; r++)
+                acc[r] += load2(L + r * d + i) * zi;
+        }
+    }
+    for (int r = 0; r < nb; r++) {
+        double even = acc[r][0], odd = acc[r][1];
+        if (i < n) /* n odd: the last column is even */
+            even += L[r * d + i] * z[i];
+        f[r] = even + odd;
+    }
+}
+
+/* lane_dots as a function of its own: the narrow copy of the update runs faster so (its
+ * accumulators stay in registers; measured), the AVX2 copy slower (it inlines lane_dots) */
+static __attribute__((noinline)) void
+lane_dots_apart(const double *L, Py_ssize_t d, const double *z, Py_ssize_t n, int nb, double *f)
+{
+    lane_dots(L, d, z, n, nb, f);
+}
+
+static inline __attribute__((always_inline)) void
+store2(double *p, v2 v)
+{
+    memcpy(p, &v, sizeof v);
+}
+
+/* The elementwise loops below run four doubles at a time (one AVX register) in the copy of
+ * the update compiled for AVX2 (chosen at import when the CPU has it), two (SSE2, NEON)
+ * otherwise: elementwise arithmetic, so both copies give the same bits. `wide` is a constant
+ * in each copy. */
+#pragma GCC diagnostic ignored "-Wpsabi" /* v4 values never cross a call (all inlined); GCC
+                                           * reports it at the end of the file, hence no pop */
+typedef double v4 __attribute__((vector_size(32)));
+
+static inline __attribute__((always_inline)) v4
+load4(const double *p)
+{
+    v4 v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+static inline __attribute__((always_inline)) void
+store4(double *p, v4 v)
+{
+    memcpy(p, &v, sizeof v);
+}
+
+/* row[i] <- beta row[i] - gamma e[i] and e[i] <- e[i] + row[i] f (row[i] as it was), i < n */
+static inline __attribute__((always_inline)) void
+sweep(double *row, double *e, Py_ssize_t n, double beta, double gamma, double f, int wide)
+{
+    Py_ssize_t i = 0;
+    if (wide) {
+        v4 bv = {beta, beta, beta, beta}, gv = {gamma, gamma, gamma, gamma}, fv = {f, f, f, f};
+        for (; i + 4 <= n; i += 4) {
+            v4 u = load4(row + i), ev = load4(e + i);
+            store4(row + i, bv * u - gv * ev);
+            store4(e + i, ev + u * fv);
+        }
+    }
+    v2 bv = {beta, beta}, gv = {gamma, gamma}, fv = {f, f};
+    for (; i + 2 <= n; i += 2) {
+        v2 u = load2(row + i), ev = load2(e + i);
+        store2(row + i, bv * u - gv * ev);
+        store2(e + i, ev + u * fv);
+    }
+    for (; i < n; i++) {
+        double u = row[i];
+        row[i] = beta * u - gamma * e[i];
+        e[i] = e[i] + u * f;
+    }
+}
+
+/* row[j] <- row[j] + c z[j], j < n */
+static inline __attribute__((always_inline)) void
+add_scaled(double *row, const double *z, Py_ssize_t n, double c, int wide)
+{
+    Py_ssize_t j = 0;
+    if (wide) {
+        v4 cv = {c, c, c, c};
+        for (; j + 4 <= n; j += 4)
+            store4(row + j, load4(row + j) + cv * load4(z + j));
+    }
+    v2 cv = {c, c};
+    for (; j + 2 <= n; j += 2)
+        store2(row + j, load2(row + j) + cv * load2(z + j));
+    for (; j < n; j++)
+        row[j] = row[j] + c * z[j];
+}
+
+/* The k rows (Z, y) in order into F (see above); with b (not NULL), each row also adds
+ * b += y z. e: scratch of d doubles. */
+static inline __attribute__((always_inline)) void
+rank_one_rows(double *F, double *b, Py_ssize_t d, const double *Z, const double *y, Py_ssize_t k, double *e, int wide)
+{
+    double *theta = F, *L = F + d;
+    for (Py_ssize_t t = 0; t < k; t++) {
+        const double *z = Z + t * d;
+        if (b)
+            for (Py_ssize_t i = 0; i < d; i++)
+                b[i] = b[i] + z[i] * y[t];
+        double zt = 0.0;
+        for (Py_ssize_t i = 0; i < d; i++)
+            zt += z[i] * theta[i];
+        memset(e, 0, (size_t)d * sizeof(double));
+        double alpha = 1.0, root = 1.0; /* root = sqrt(alpha): no product of alphas overflows */
+        for (Py_ssize_t j0 = 0; j0 < d; j0 += 4) {
+            int nb = d - j0 < 4 ? (int)(d - j0) : 4;
+            double f[4];
+            if (wide) /* old rows: a sweep changes its own row alone */
+                lane_dots(L + j0 * d, d, z, j0 + nb, nb, f);
+            else
+                lane_dots_apart(L + j0 * d, d, z, j0 + nb, nb, f);
+            for (int r = 0; r < nb; r++) {
+                Py_ssize_t j = j0 + r;
+                double prev = alpha, prev_root = root;
+                alpha = prev + f[r] * f[r];
+                root = sqrt(alpha);
+                double s = prev_root * root;
+                sweep(L + j * d, e, j + 1, prev / s, f[r] / s, f[r], wide);
+            }
+        }
+        double g = (y[t] - zt) / alpha;
+        for (Py_ssize_t i = 0; i < d; i++)
+            theta[i] = theta[i] + e[i] * g;
+    }
+}
+
+/* A += z z^T for the k rows z of Z in turn: every entry gets its k products added one after
+ * another, the bits of k one-row updates, with each row of A read from and written to memory
+ * once for all k (it stays in the L1 cache meanwhile). */
+static inline __attribute__((always_inline)) void
+outer_rows(double *A, Py_ssize_t d, const double *Z, Py_ssize_t k, int wide)
+{
+    for (Py_ssize_t i = 0; i < d; i++)
+        for (Py_ssize_t t = 0; t < k; t++)
+            add_scaled(A + i * d, Z + t * d, d, Z[t * d + i], wide);
+}
+
+static void
+rank_one_narrow(double *F, double *b, Py_ssize_t d, const double *Z, const double *y, Py_ssize_t k, double *e)
+{
+    rank_one_rows(F, b, d, Z, y, k, e, 0);
+}
+
+static void
+outer_narrow(double *A, Py_ssize_t d, const double *Z, Py_ssize_t k)
+{
+    outer_rows(A, d, Z, k, 0);
+}
+
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
+#define HAVE_WIDE 1
+__attribute__((target("avx2"))) static void
+rank_one_wide(double *F, double *b, Py_ssize_t d, const double *Z, const double *y, Py_ssize_t k, double *e)
+{
+    rank_one_rows(F, b, d, Z, y, k, e, 1);
+}
+
+__attribute__((target("avx2"))) static void
+outer_wide(double *A, Py_ssize_t d, const double *Z, Py_ssize_t k)
+{
+    outer_rows(A, d, Z, k, 1);
+}
+#define WIDE (__builtin_cpu_supports("avx2"))
+#else
+#define WIDE 0
+#endif
+
+static PyObject *
+rank_one(PyObject *module, PyObject *args)
+{
+    PyObject *F_obj, *Z_obj, *y_obj, *b_obj;
+    if (!PyArg_ParseTuple(args, "OOOO:rank_one", &F_obj, &Z_obj, &y_obj, &b_obj))
+        return NULL;
+    Py_buffer F, Z, y, b;
+    int have_F = 0, have_Z = 0, have_y = 0, have_b = 0, ok;
+    ok = (have_F = get_array(F_obj, &F, 2, 'd', 1, "factor") == 0)
+         && (have_Z = get_array(Z_obj, &Z, 2, 'd', 0, "Z") == 0)
+         && (have_y = get_array(y_obj, &y, 1, 'd', 0, "y") == 0)
+         && (b_obj == Py_None || (have_b = get_array(b_obj, &b, 1, 'd', 1, "b") == 0));
+    double *e = NULL;
+    if (ok) {
+        Py_ssize_t d = F.shape[1], k = Z.shape[0];
+        if (F.shape[0] != d + 1 || Z.shape[1] != d || y.shape[0] != k || (have_b && b.shape[0] != d)) {
+            PyErr_SetString(PyExc_ValueError, "rank_one needs factor (d+1, d), Z (k, d), y (k,) and b (d,) or None");
+            ok = 0;
+        } else if (!(e = PyMem_Malloc((size_t)(d > 0 ? d : 1) * sizeof(double)))) {
+            PyErr_NoMemory();
+            ok = 0;
+        } else {
+            double *bb = have_b ? b.buf : NULL;
+            Py_BEGIN_ALLOW_THREADS
+#ifdef HAVE_WIDE
+            if (WIDE)
+                rank_one_wide(F.buf, bb, d, Z.buf, y.buf, k, e);
+            else
+#endif
+                rank_one_narrow(F.buf, bb, d, Z.buf, y.buf, k, e);
+            Py_END_ALLOW_THREADS
+        }
+    }
+    PyMem_Free(e);
+    if (have_b)
+        PyBuffer_Release(&b);
+    if (have_y)
+        PyBuffer_Release(&y);
+    if (have_Z)
+        PyBuffer_Release(&Z);
+    if (have_F)
+        PyBuffer_Release(&F);
+    if (!ok)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(rank_one_doc,
+"rank_one(factor, Z, y, b) -> None\n\n"
+"Fold the k rows (Z[r], y[r]) in order into factor = [theta^T; L^T] (d+1, d), in place: each\n"
+"a rank-one update of the precision A -> A + z z^T, b -> b + y z (learner.linalg.\n"
+"rank_one_update, the numpy reference, gives the same bits). b (d,) is updated too, row by\n"
+"row, unless None; A is add_outer's.");
+
+static PyObject *
+add_outer(PyObject *module, PyObject *args)
+{
+    PyObject *A_obj, *Z_obj;
+    if (!PyArg_ParseTuple(args, "OO:add_outer", &A_obj, &Z_obj))
+        return NULL;
+    Py_buffer A, Z;
+    if (get_array(A_obj, &A, 2, 'd', 1, "A") < 0)
+        return NULL;
+    if (get_array(Z_obj, &Z, 2, 'd', 0, "Z") < 0) {
+        PyBuffer_Release(&A);
+        return NULL;
+    }
+    Py_ssize_t d = A.shape[0], k = Z.shape[0];
+    int ok = A.shape[1] == d && Z.shape[1] == d;
+    if (!ok)
+        PyErr_SetString(PyExc_ValueError, "add_outer needs A (d, d) and Z (k, d)");
+    else {
+        Py_BEGIN_ALLOW_THREADS
+#ifdef HAVE_WIDE
+        if (WIDE)
+            outer_wide(A.buf, d, Z.buf, k);
+        else
+#endif
+            outer_narrow(A.buf, d, Z.buf, k);
+        Py_END_ALLOW_THREADS
+    }
+    PyBuffer_Release(&Z);
+    PyBuffer_Release(&A);
+    if (!ok)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(add_outer_doc,
+"add_outer(A, Z) -> None\n\n"
+"A += z z^T for each row z of Z (k, d), in order, in place: the bits of k one-row updates\n"
+"A += z[:, None] @ z[None, :], in one pass over A.");
 
 /* ---- FeatureEncoder._hash_record ------------------------------------------------------------
  *
@@ -1097,6 +1402,8 @@ static PyMethodDef methods[] = {
     {"choose", choose, METH_VARARGS, choose_doc},
     {"repeated_row", repeated_row, METH_VARARGS, repeated_row_doc},
     {"all_finite", all_finite, METH_O, all_finite_doc},
+    {"rank_one", rank_one, METH_VARARGS, rank_one_doc},
+    {"add_outer", add_outer, METH_VARARGS, add_outer_doc},
     {"hash_record", (PyCFunction)(void (*)(void))hash_record, METH_FASTCALL, hash_record_doc},
     {"assemble", assemble, METH_VARARGS, assemble_doc},
     {NULL, NULL, 0, NULL},
@@ -1105,7 +1412,8 @@ static PyMethodDef methods[] = {
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "learner._fastscore",
     "The SDK's decision step compiled (linear scores, draws, floor, choice; candidate rows of\n"
-    "per-arm models) and the feature encoding's hashing and summing; see learner/_fastscore.c.", -1, methods,
+    "per-arm models), the shared models' rank-one updates and the feature encoding's hashing\n"
+    "and summing; see learner/_fastscore.c.", -1, methods,
 };
 
 PyMODINIT_FUNC

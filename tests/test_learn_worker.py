@@ -402,12 +402,15 @@ def test_sigterm_flushes_state_publishes_commits_and_exits_0(kafka, topics, tmp_
 # -- the block arithmetic itself, without a broker ----------------------------------------------
 
 
-def test_restarts_at_any_offsets_fold_the_same_blocks_bit_for_bit(tmp_path):
+@pytest.mark.parametrize("block_size, n_updates", [(64, 6_000), (2, 1_500)])
+def test_restarts_at_any_offsets_fold_the_same_blocks_bit_for_bit(tmp_path, block_size, n_updates):
     """A shard fed one partition, restarted from its store at random offsets (everything in
-    memory lost, as after kill -9), ends with the same bytes as one fed without a restart."""
+    memory lost, as after kill -9), ends with the same bytes as one fed without a restart.
+    With blocks of 2 the shared model learns its rows one or two at a time, in place: its
+    factor is then part of the stored state."""
     domains = {name: DomainModel.of(settings) for name, settings in h.domain_settings().items()}
     rng = random.Random(8)
-    stream = h.make_updates(6_000, seed=8)
+    stream = h.make_updates(n_updates, seed=8)
     for _ in range(300):  # duplicates a little later in the partition
         i = rng.randrange(len(stream) - 1)
         stream.insert(min(i + rng.randrange(1, 200), len(stream)), dict(stream[i]))
@@ -419,7 +422,7 @@ def test_restarts_at_any_offsets_fold_the_same_blocks_bit_for_bit(tmp_path):
         with PosteriorStore(root) as store:
             for stop in [*sorted(restarts), len(updates)]:
                 stored = store.shard(0).offsets().get(("u", 0), 0)
-                shard = ShardLearner(0, "u", domains, store.shard(0), block_size=64, window_blocks=4, start=stored)
+                shard = ShardLearner(0, "u", domains, store.shard(0), block_size=block_size, window_blocks=4, start=stored)
                 shard.load_stored()
                 for offset in range(shard.warm_offset(), stop):
                     shard.feed(offset, updates[offset])
@@ -430,6 +433,8 @@ def test_restarts_at_any_offsets_fold_the_same_blocks_bit_for_bit(tmp_path):
 
     uninterrupted = fold(tmp_path / "once", [])
     assert len(uninterrupted[0]) == 9
+    shared = [state for key, (_, state) in uninterrupted[0].items() if key.arm == ""]
+    assert len(shared) == 1 and (b'"LT"' in shared[0]) == (block_size == 2)
     for trial in range(3):
         restarts = rng.sample(range(1, len(updates)), 5)
         assert fold(tmp_path / f"restarted-{trial}", restarts) == uninterrupted, restarts

@@ -10,11 +10,28 @@ Each model keeps the precision and the response vector::
 prior mean it is the ridge solution ``(X^T W X + lambda I)^-1 X^T W r``, ``lambda`` the strength.
 
 ``A`` and ``b`` are the truth; ``theta`` and the covariance factor ``L^T`` (``L L^T = A^-1``) are
-derived from them from scratch (Cholesky, then a triangular inverse) and cached, never updated
-incrementally, so no numerical drift accumulates in them. An arm is re-factorised when it has
-learned at least ``refactor_every`` rows since its last factorisation and is next needed to
-decide; reading the scoring view or drift statistics refreshes any arm with newer rows.
-Deciding never factorises an arm that has not changed.
+derived from them from scratch (Cholesky, then a triangular inverse) and cached. An arm is
+re-factorised when it has learned at least ``refactor_every`` rows since its last factorisation
+and is next needed to decide; reading the scoring view or drift statistics refreshes any arm
+with newer rows. Deciding never factorises an arm that has not changed.
+
+**The shared model learns small batches in place.** One model learning every event cannot
+afford an O(d^3) factorisation per row (30 ms at d = 512), so a batch of at most
+``rank_one_rows(d)`` rows, with ``gamma = 1``, updates the factor row by row in O(d^2)
+(:func:`learner.linalg.rank_one_update`, compiled in ``learner._fastscore``). ``A`` and ``b``
+are summed exactly as by any other batch (the ``z z^T`` of single rows go into ``A`` up to
+``OWED_ROWS`` at a time, with the same bits, before anything reads ``A``). Such a factor
+agrees with a factorisation of ``A`` to rounding, not bit for bit, so from then on it is part
+of the model's state: it is serialised with ``A`` and ``b`` (arrays ``theta`` and ``LT``, the
+lower triangle packed) and the scoring view carries it, so a restarted learner, a publisher
+and the SDK all use the very factor the learner computed. Which way a batch goes depends only
+on its size, ``gamma``, the dimension and the update count, never on when anything decided or
+was saved: the posterior is a function of the batches, as before. A batch that crosses a
+multiple of ``EXACT_EVERY`` rows of the model, a larger batch or forgetting (``gamma < 1``
+pulls ``A`` toward a full-rank prior: no rank-one update) goes back to an exact factorisation
+of ``A``, and the state to ``A`` and ``b`` alone; so rounding never accumulates over more than
+``EXACT_EVERY`` rows. The prior's factor (``I / sqrt(s)``, not a factorisation either) counts
+as such a state too. The per-arm models are never updated in place.
 
 Each arm caches both as one (d+1, d) matrix ``F = [theta^T; L^T]``, so that scoring a row is a
 single product ``F x = (x . theta, L^T x)``: the decide path reads each arm's factor once.
@@ -33,9 +50,13 @@ import numpy as np
 from learner.linalg import (
     NotPositiveDefinite,
     factorise,
+    pack_symmetric,
+    packed_size,
     precision_norm_from_factor,
     prior_factor,
+    rank_one_update,
     spectral_norm_spd,
+    unpack_symmetric,
 )
 from learner.policies.base import Block, Choice, Drift, Policy, valid_dim
 from learner.policies.errors import NumericalError, StateFormatError
@@ -44,6 +65,20 @@ try:
     from learner import _fastscore
 except ImportError:  # not built: the numpy path decides
     _fastscore = None
+
+#: The shared model is re-factorised exactly whenever its update count crosses a multiple of
+#: this: the rounding of in-place updates (about 1e-13 relative) never piles up for longer.
+EXACT_EVERY = 8192
+#: Rows learned one at a time whose z z^T the shared model sums into A together, in one pass
+#: over A (at d = 512, A is 2 MB: reading and writing it for every row would take longer than
+#: the factor's update); anything that reads A sums them in first (:meth:`_settle`).
+OWED_ROWS = 32
+
+
+def rank_one_rows(d: int) -> int:
+    """Largest batch the shared model learns by rank-one updates: about where k O(d^2) row
+    updates start to cost more than one O(d^3) factorisation."""
+    return max(1, d // 8)
 
 
 class LinearPolicy(Policy):
@@ -70,6 +105,8 @@ class LinearPolicy(Policy):
         self.refactor_every = int(refactor_every)
         self.intercept_index = None if intercept_index is None else int(intercept_index)
         self._stale: set[int] = set()
+        self._owed = np.empty((OWED_ROWS if self.shared else 0, d))  # rows z not yet in A
+        self._n_owed = 0
         self._eye = np.eye(d)
         super().__init__(dim, **kwargs)
 
@@ -95,6 +132,7 @@ class LinearPolicy(Policy):
         return {
             "factor": ((d + 1, d), np.dtype(np.float64)),  # row 0: theta, rows 1..d: L^T
             "since": ((), np.dtype(np.int64)),
+            "carried": ((), np.dtype(np.int64)),  # 1: the factor is state (updated in place), not f(A, b)
         }
 
     def _reset_cache(self, slots: np.ndarray) -> None:
@@ -105,6 +143,7 @@ class LinearPolicy(Policy):
         factor[:, 1:] = prior_factor(self._arrays["pstrength"][slots], self.dim)
         self._arrays["factor"][slots] = factor
         self._arrays["since"][slots] = 0
+        self._arrays["carried"][slots] = int(self.shared)  # I / sqrt(s) is not bitwise f(A0, b0)
         self._stale.difference_update(slots.tolist())
 
     def _accumulate(
@@ -115,6 +154,12 @@ class LinearPolicy(Policy):
         sw = np.sqrt(w)
         Z = X * sw[:, None]
         zr = r * sw
+        if self.shared:
+            if self._in_place(len(zr)):
+                self._rank_one(Z, zr)
+                return
+            self._settle()
+            self._arrays["carried"][0] = 0
         A = self._arrays["A"]
         b = self._arrays["b"]
         for slot, lo, k in zip(slots.tolist(), starts.tolist(), counts.tolist()):
@@ -122,10 +167,88 @@ class LinearPolicy(Policy):
             A[slot] += Za.T @ Za
             b[slot] += Za.T @ zr[lo : lo + k]
 
+    def _in_place(self, k: int) -> bool:
+        """Whether the shared model learns a batch of k rows by rank-one updates (see the
+        module docstring): a function of the batch and the update count alone."""
+        count = int(self._arrays["count"][0])
+        return self.gamma == 1.0 and k <= rank_one_rows(self.dim) and (count + k) // EXACT_EVERY == count // EXACT_EVERY
+
+    def _rank_one(self, Z: np.ndarray, zr: np.ndarray) -> None:
+        """Fold the rows (``Z = W^1/2 X``, ``zr = W^1/2 r``) into the shared model's A, b and
+        factor, one rank-one update per row."""
+        slot = np.zeros(1, dtype=np.intp)
+        self._refresh(slot, force=True)  # a factorisation still due comes first: it is the factor of A now
+        F, A, b = self._arrays["factor"][0], self._arrays["A"][0], self._arrays["b"][0]
+        if _fastscore is not None and len(zr) == 1:
+            _fastscore.rank_one(F, Z, zr, b)  # b too: the bits of the product below
+            self._owed[self._n_owed] = Z[0]  # and A later, with the same bits (_settle)
+            self._n_owed += 1
+            if self._n_owed == OWED_ROWS:
+                self._settle()
+        else:
+            self._settle()
+            A += Z.T @ Z
+            b += Z.T @ zr
+            if _fastscore is not None:
+                _fastscore.rank_one(F, Z, zr, None)
+            else:
+                for z, y in zip(Z, zr.tolist()):
+                    rank_one_update(F, z, y)
+        self._arrays["carried"][0] = 1
+
+    def _settle(self) -> None:
+        """Sum the rows owed to the shared model's A into it, each as a one-row update."""
+        if not self._n_owed:
+            return
+        A, owed = self._arrays["A"][0], self._owed[: self._n_owed]
+        if _fastscore is not None:
+            _fastscore.add_outer(A, owed)
+        else:
+            for t in range(len(owed)):
+                A += owed[t : t + 1].T @ owed[t : t + 1]
+        self._n_owed = 0
+
     def _invalidate(self, slots: np.ndarray, counts: np.ndarray) -> None:
+        if self.shared and counts[0] > 0 and self._arrays["carried"][0]:
+            return  # learned in place (_rank_one): the factor is current
+        self._arrays["carried"][slots] = 0  # a loaded state brings its own factor, if any (_load_carried)
         since = self._arrays["since"]
         since[slots] = np.where(counts < 0, self.refactor_every, since[slots] + counts)
         self._stale.update(slots.tolist())
+
+    def _carried_shapes(self) -> dict[str, tuple[int, ...]]:
+        return {"theta": (self.dim,), "LT": (packed_size(self.dim),)} if self.shared else {}
+
+    def _carried_arrays(self, slots: np.ndarray) -> dict[str, np.ndarray]:
+        carried = self._arrays["carried"][slots]
+        if not carried.any():
+            return {}
+        if not carried.all():  # only the shared model (one slot) is ever carried
+            raise AssertionError("some arms' factors are state, others' are not")
+        factor = self._arrays["factor"][slots]
+        return {"theta": factor[:, 0], "LT": pack_symmetric(np.swapaxes(factor[:, 1:], 1, 2))}
+
+    def _load_carried(self, slots: np.ndarray, arrays: Any) -> None:
+        LT = np.tril(unpack_symmetric(arrays["LT"], self.dim))
+        if not (np.diagonal(LT, axis1=1, axis2=2) > 0.0).all():
+            raise StateFormatError("loaded covariance factor LT has a diagonal entry <= 0")
+        self._arrays["factor"][slots, 0] = arrays["theta"]
+        self._arrays["factor"][slots, 1:] = LT
+        self._arrays["since"][slots] = 0
+        self._arrays["carried"][slots] = 1
+        self._stale.difference_update(slots.tolist())
+
+    def _cache_of(self, slots: np.ndarray) -> Any:
+        if not self._arrays["carried"][slots].any():
+            return None  # as it always was: a refused load leaves the old statistics to be re-factorised
+        return {name: self._arrays[name][slots] for name in ("factor", "since", "carried")}
+
+    def _restore_cache(self, slots: np.ndarray, cache: Any) -> None:
+        if cache is None:
+            return
+        for name, value in cache.items():
+            self._arrays[name][slots] = value
+        self._stale.difference_update(slots[cache["since"] == 0].tolist())
 
     def _check_loaded(self, slots: np.ndarray) -> None:
         # A Cholesky is the cheapest proof of positive definiteness; the factors themselves are
@@ -147,6 +270,7 @@ class LinearPolicy(Policy):
         if not due.any():
             return
         need = np.unique(slots[due])
+        self._settle()
         try:
             theta, LT = factorise(self._arrays["A"][need], self._arrays["b"][need])
         except NotPositiveDefinite as exc:
@@ -155,6 +279,7 @@ class LinearPolicy(Policy):
         self._arrays["factor"][need, 0] = theta
         self._arrays["factor"][need, 1:] = LT
         self._arrays["since"][need] = 0
+        self._arrays["carried"][need] = 0
         self._stale.difference_update(need.tolist())
 
     def posterior_mean(self, arm: Any) -> np.ndarray:
@@ -226,9 +351,11 @@ class LinearPolicy(Policy):
         self._arrays["factor"][slots, 0] = arrays["theta"]
         self._arrays["factor"][slots, 1:] = np.swapaxes(arrays["L"], 1, 2)
         self._arrays["since"][slots] = 0
+        self._arrays["carried"][slots] = 0  # a scoring view does not learn
         self._stale.difference_update(slots.tolist())
 
     def _drift(self, slot: int) -> Drift:
+        self._settle()
         if not self._scoring_only:
             self._refresh(np.array([slot]), force=True)
         LT = self._arrays["factor"][slot, 1:]

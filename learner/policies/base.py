@@ -35,6 +35,8 @@ them, how candidates are scored); :class:`Policy` owns the mechanics, in the ord
        | zero padding to 8 bytes | raw arrays in header order | CRC-32 of all preceding bytes u32
 
    Only ``<f8`` and ``<i8`` arrays, no pickle. Anything else raises :class:`StateFormatError`.
+   Besides its statistics, a full view carries the derived arrays that are state at the time
+   (the shared linear models' factor after in-place updates; see ``_linear``), all or none.
 6. **Scoring view.** :meth:`~Policy.scoring_view` builds a policy that holds only what deciding
    needs (for linear policies the posterior mean and covariance factor per arm), so the SDK
    scores without inverting anything; it serialises like any policy and refuses to learn.
@@ -291,6 +293,28 @@ class Policy:
     def _invalidate(self, slots: np.ndarray, counts: np.ndarray) -> None:
         """These arms' statistics changed by ``counts`` rows (or were loaded, counts = -1)."""
 
+    def _settle(self) -> None:
+        """Finish any update of the statistics left for later: called before they are read."""
+
+    def _carried_shapes(self) -> dict[str, tuple[int, ...]]:
+        """Derived arrays that the full view carries when they are state: computed in a way
+        that a reload could not repeat bit for bit (the shared model's in-place factor)."""
+        return {}
+
+    def _carried_arrays(self, slots: np.ndarray) -> dict[str, np.ndarray]:
+        """Those of :meth:`_carried_shapes` these arms hold as state now (all or none)."""
+        return {}
+
+    def _load_carried(self, slots: np.ndarray, arrays: Mapping[str, np.ndarray]) -> None:
+        """Take the carried arrays of freshly loaded statistics (raise StateFormatError)."""
+
+    def _cache_of(self, slots: np.ndarray) -> Any:
+        """A copy of these arms' derived arrays, for :meth:`_restore_cache` after a refused load."""
+        return None
+
+    def _restore_cache(self, slots: np.ndarray, cache: Any) -> None:
+        """Put back what :meth:`_cache_of` returned, where it is state."""
+
     @classmethod
     def _unit_test_params(cls) -> dict[str, Any]:
         """Parameters for the generic test suite (small dim, a visible floor)."""
@@ -328,6 +352,7 @@ class Policy:
         if self._scoring_only:
             raise ScoringOnlyError(f"{type(self).__name__} built from a scoring view holds no statistics")
         slot = self._existing_slot(arm)
+        self._settle()
         return {name: self._arrays[name][slot].copy() for name in self._stat_names}
 
     def expected_rewards(self, X: np.ndarray, arms: Sequence[Any]) -> np.ndarray:
@@ -487,6 +512,7 @@ class Policy:
         return [self._arms[s] for s in slots.tolist()]
 
     def _forget(self, slots: np.ndarray, decay: np.ndarray) -> None:
+        self._settle()
         prior = self._prior_stats(self._arrays["pmean"][slots], self._arrays["pstrength"][slots])
         for name in self._stat_names:
             stat = self._arrays[name]
@@ -622,10 +648,12 @@ class Policy:
         if self._scoring_only:
             arrays = self._scoring_stack(slots)
         else:
+            self._settle()
             arrays = {}
             for name in self._stat_names:
                 value = self._arrays[name][slots]
                 arrays[name] = pack_symmetric(value) if name in self._packed else value
+            arrays.update(self._carried_arrays(slots))
         arrays["count"] = self._arrays["count"][slots]
         return arrays
 
@@ -635,10 +663,14 @@ class Policy:
         g = len(slots)
         if count is not None:
             arrays = {**arrays, "count": np.asarray(count)}
-        if set(arrays) != set(shapes):
+        optional = self._carried_shapes() if view == "full" else {}
+        carried = set(arrays) & set(optional)
+        if set(arrays) - carried != set(shapes) or carried not in (set(), set(optional)):
+            also = f" (and all or none of {sorted(optional)})" if optional else ""
             raise StateFormatError(
-                f"{self.name} {view} state needs arrays {sorted(shapes)}, the blob has {sorted(arrays)}"
+                f"{self.name} {view} state needs arrays {sorted(shapes)}{also}, the blob has {sorted(arrays)}"
             )
+        shapes = {**shapes, **{name: optional[name] for name in carried}}
         for name, shape in shapes.items():
             value = arrays[name]
             if value.shape != (g, *shape):
@@ -647,19 +679,25 @@ class Policy:
                 raise StateFormatError(f"array {name!r} holds NaN or inf")
         if (np.asarray(arrays["count"]) < 0).any():
             raise StateFormatError("negative update count")
+        self._settle()  # into the statistics being replaced: kept if the blob is refused
+        previous = {"count": self._arrays["count"][slots]}
         self._arrays["count"][slots] = arrays["count"]
         if view == "full":
-            previous = {name: self._arrays[name][slots] for name in self._stat_names}
+            previous.update((name, self._arrays[name][slots]) for name in self._stat_names)
+            cache = self._cache_of(slots)
             for name in self._stat_names:
                 value = arrays[name]
                 self._arrays[name][slots] = unpack_symmetric(value, self.dim) if name in self._packed else value
             self._invalidate(slots, np.full(g, -1))
             try:
                 self._check_loaded(slots)
+                if carried:
+                    self._load_carried(slots, arrays)
             except StateFormatError:
                 for name, value in previous.items():  # refuse the blob, keep what we had
                     self._arrays[name][slots] = value
                 self._invalidate(slots, np.full(g, -1))
+                self._restore_cache(slots, cache)
                 raise
         else:
             self._load_scoring_stack(slots, arrays)
