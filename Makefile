@@ -11,7 +11,7 @@ demo: $(STAMP)  ## run the main job on the embedded default stack
 	$(BIN)/banditstream demo $(ARGS)
 
 test: $(STAMP) $(TOOLS)  ## run the whole test suite (starts its own broker and S3 server)
-	$(BIN)/pytest -q $(ARGS)
+	$(BIN)/pytest -q --durations=25 $(ARGS)
 
 bench: $(STAMP)  ## run the benchmarks; each prints a table and a final JSON line
 	$(BIN)/python benchmarks/serde.py
