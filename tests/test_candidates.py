@@ -112,6 +112,20 @@ def test_a_shared_model_is_scored_on_every_candidate_s_own_row_of_a_shared_log()
     assert dist[list(late), best].mean() > 0.95  # it learned "the higher quality" from each candidate's own row
 
 
+def test_dr_on_a_shared_log_models_every_candidate_s_own_row_and_covers_the_truth():
+    from learner.evaluation.run import evaluate_candidates
+
+    log = shared_log(3000, seed=3)
+    fixed = Progressive("shared_lin_ucb", {"alpha": 0.0, "eps0": 0.0}, batch_size=100)
+    run = evaluate_candidates(log, [fixed], estimators=("dr", "snips"), seed=0)
+    dist = fixed.action_dist(log)
+    truth = np.mean([dist[i, np.flatnonzero(log.candidates[i])] @ (log.candidate_rows[i][:, 1] > 0) for i in range(len(log))])
+    for name in ("dr", "snips"):
+        e = run.results[0].estimates[name]
+        assert e.lower <= truth <= e.upper, (name, e, truth)
+    assert run.results[0].estimates["dr"].upper - run.results[0].estimates["dr"].lower < 0.1
+
+
 def test_shared_models_and_bad_specs_are_refused_by_name():
     with pytest.raises(ValueError, match="shared model"):
         Progressive("shared_lin_ucb").action_dist(logged())

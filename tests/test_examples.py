@@ -168,10 +168,10 @@ def test_interrogator_solves_in_fewer_steps_with_more_cache_hits_and_the_gate_ho
 
 def test_rag_autotuner_gates_hold_a_reset_is_rolled_back_and_releases_approach_the_frontier(examples):
     s, out = run_example(examples, "rag_autotuner")
-    # offline, on the history: both SNIPS intervals cover their truth, and the tuner's lower
+    # offline, on the history: every SNIPS and DR interval covers its truth, and the tuner's lower
     # bound beats the hand-set configuration's estimate, so it goes on
     offline = s["offline"]["candidates"]
-    assert all(row["snips"]["low"] <= row["truth"] <= row["snips"]["high"] for row in offline.values())
+    assert all(row[e]["low"] <= row["truth"] <= row[e]["high"] for row in offline.values() for e in ("snips", "dr"))
     assert s["offline"]["decision"] == "on" and offline["tuner"]["snips"]["low"] > offline["hand-set"]["snips"]["value"]
     # shadow: users saw the hand-set configuration only; the tuner's picks, answered on
     # mirrored questions, earn 0.05 more and hold the gates the hand-set configuration breaks

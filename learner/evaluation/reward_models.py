@@ -45,7 +45,8 @@ import numpy as np
 from learner.evaluation.errors import InvalidInputError
 from learner.features import FeatureEncoder
 
-__all__ = ["PerActionModel", "Regressor", "Ridge", "SharedModel", "cross_fit", "one_hot_features", "reward_model_features"]
+__all__ = ["PerActionModel", "Regressor", "Ridge", "SharedModel", "cross_fit", "cross_fit_rows", "one_hot_features",
+           "reward_model_features"]
 
 
 class Regressor(Protocol):
@@ -315,4 +316,56 @@ def cross_fit(
         held_out = fold == f
         fitted = copy.deepcopy(template).fit(X[~held_out], action[~held_out], reward[~held_out])
         out[held_out] = fitted.predict(X[held_out])
+    return out
+
+
+def cross_fit_rows(
+    acted: Any,
+    candidate_rows: Any,
+    candidates: Any,
+    reward: Any,
+    *,
+    regressor: Any | None = None,
+    n_folds: int = 5,
+    random_state: int | np.random.Generator | None = None,
+) -> np.ndarray:
+    """Cross-fitted ``estimated_rewards`` (n, K) of a shared model's log, whose rows offer
+    different candidates: one regressor (None: :class:`Ridge` ``(alpha=1)``) fitted on the
+    acted rows ``acted`` (n, d) of the other folds predicts every candidate's own row.
+
+    ``candidate_rows[i]`` (k_i, d) are row i's candidates' rows in the order of its columns
+    ``np.flatnonzero(candidates[i])`` (``LoggedBandit.candidate_rows``); columns a row does not
+    offer are 0 (no distribution puts mass there). Folds as :func:`cross_fit` deals them.
+
+        >>> acted = np.array([[1.0, 0.0], [1.0, 1.0], [1.0, 2.0], [1.0, 3.0]])
+        >>> rows = np.empty(4, dtype=object)
+        >>> for i in range(4):
+        ...     rows[i] = np.array([[1.0, 0.5], [1.0, 1.5]])
+        >>> mask = np.array([[True, True, False]] * 4)
+        >>> q = cross_fit_rows(acted, rows, mask, 2 * acted[:, 1], regressor=Ridge(alpha=0.0), n_folds=2, random_state=0)
+        >>> q.round(6).tolist()[0]
+        [1.0, 3.0, 0.0]
+    """
+    X = np.asarray(acted, dtype=np.float64)
+    mask = np.asarray(candidates, dtype=bool)
+    n = X.shape[0]
+    reward = _check_reward(reward, n)
+    if X.ndim != 2 or mask.shape[0] != n or len(candidate_rows) != n:
+        raise InvalidInputError(f"cross_fit_rows needs acted (n, d), candidates (n, K) and n candidate row blocks, got "
+                                f"{X.shape}, {mask.shape} and {len(candidate_rows)}")  # fmt: skip
+    if isinstance(n_folds, bool) or not isinstance(n_folds, int) or not 2 <= n_folds <= n:
+        raise InvalidInputError(f"n_folds must be an int in [2, n={n}], got {n_folds!r}")
+    template = Ridge() if regressor is None else regressor
+    fold = np.empty(n, dtype=np.intp)
+    fold[np.random.default_rng(random_state).permutation(n)] = np.arange(n) % n_folds
+    out = np.zeros(mask.shape)
+    for f in range(n_folds):
+        held = np.flatnonzero(fold == f)
+        model = _clone(template).fit(X[fold != f], reward[fold != f])
+        blocks = [np.asarray(candidate_rows[i], dtype=np.float64) for i in held]
+        predicted = np.asarray(model.predict(np.vstack(blocks)), dtype=np.float64).reshape(-1)
+        at = 0
+        for i, block in zip(held, blocks):
+            out[i, np.flatnonzero(mask[i])] = predicted[at : at + len(block)]
+            at += len(block)
     return out

@@ -1,8 +1,9 @@
 """Many candidates, many estimators, one log: the run behind ``banditstream evaluate`` and the
 promotion gate.
 
-One cross-fitted reward model (:func:`~learner.evaluation.reward_models.cross_fit`) serves every
-model-based estimator; every candidate's ``action_dist`` comes from its own decision code and
+One cross-fitted reward model (:func:`~learner.evaluation.reward_models.cross_fit`; for a shared
+model's log, :func:`~learner.evaluation.reward_models.cross_fit_rows` over every candidate's own
+row) serves every model-based estimator; every candidate's ``action_dist`` comes from its own decision code and
 every estimator gives an :class:`~learner.evaluation.intervals.Estimate`, all on the same rows.
 Estimators are named by spec: ``ips``, ``ips:50`` (clipped at 50), ``switch_dr:20``,
 ``dros:10`` (its shrinkage), ``snips``, ``dm``, ``dr``, ``sndr``. A candidate that can only be
@@ -23,7 +24,7 @@ from learner.evaluation.errors import InvalidInputError
 from learner.evaluation.estimators import ESTIMATORS, make_estimator
 from learner.evaluation.intervals import Estimate, evaluate
 from learner.evaluation.logged import LoggedBandit
-from learner.evaluation.reward_models import cross_fit
+from learner.evaluation.reward_models import cross_fit, cross_fit_rows
 
 __all__ = ["CandidateResult", "Evaluation", "estimator_from_spec", "evaluate_candidates"]
 
@@ -97,7 +98,10 @@ def evaluate_candidates(
     started = time.monotonic()
     q = None
     if MODEL_BASED & {spec.partition(":")[0] for spec in estimators}:
-        q = cross_fit(None, log.context, log.action, log.reward, n_actions=log.n_actions, random_state=seed)
+        if log.candidate_rows is not None:  # a shared model's log: one model over every candidate's own row
+            q = cross_fit_rows(log.context, log.candidate_rows, log.candidates, log.reward, random_state=seed)
+        else:
+            q = cross_fit(None, log.context, log.action, log.reward, n_actions=log.n_actions, random_state=seed)
     seconds["reward_model"] = time.monotonic() - started
     results = []
     for candidate in candidates:
