@@ -248,7 +248,7 @@ def test_promotion_settings_load_from_the_environment():
         ("canary_share", "-0.5", "domains.r.promotion.canary_share: Input should be greater than or equal to 0"),
         ("min_events", "0", "domains.r.promotion.min_events: Input should be greater than or equal to 1"),
         ("min_events", "many", "domains.r.promotion.min_events"),
-        ("estimator", "magic", "domains.r.promotion.estimator: must be one of dm, dr, dros, ips, sndr, snips, switch_dr (got 'magic')"),
+        ("estimator", "magic", "domains.r.promotion.estimator: must be one of dm, dr, dros, ips, on_policy, sndr, snips, switch_dr (got 'magic')"),
         ("level", "1.5", "domains.r.promotion.level: Input should be less than 1"),
         ("level", "0", "domains.r.promotion.level: Input should be greater than 0"),
         ("margin", "-0.1", "domains.r.promotion.margin: Input should be greater than or equal to 0"),
