@@ -55,8 +55,8 @@ from learner.domain import DomainSettings
 from streams.settings import KafkaSettings, TopicSettings
 from streams.topics import ensure_topics
 
-__all__ = ["EventClock", "Playground", "PlaygroundError", "Stalled", "example_arguments", "status", "wait_for_snapshots",
-           "worker_progress", "write_summary"]
+__all__ = ["EventClock", "Playground", "PlaygroundError", "Stalled", "estimates_table", "example_arguments", "status",
+           "wait_for_snapshots", "worker_progress", "write_summary"]
 
 
 class PlaygroundError(RuntimeError):
@@ -518,6 +518,25 @@ def example_arguments(argv: list[str] | None, *, description: str, seed: int, ou
     args.out.mkdir(parents=True, exist_ok=True)
     args.json = args.json or args.out / "summary.json"
     return args
+
+
+def estimates_table(title: str, candidates: Mapping[str, Mapping[str, Any]], estimators: Sequence[str], *,
+                    digits: int = 4) -> Any:
+    """A rich table of offline estimates against the truth an example knows: per candidate
+    (name -> ``{"truth": v, estimator: {"value", "low", "high"}}``), one row per estimator,
+    as ``banditstream evaluate`` prints them, and whether each interval covers the truth."""
+    from rich.table import Table
+
+    table = Table(title=title)
+    for column in ("candidate", "est.", "value", "95% interval", "truth", "covers it"):
+        table.add_column(column, justify="left" if column in ("candidate", "est.", "95% interval") else "right")
+    for name, row in candidates.items():
+        for i, estimator in enumerate(estimators):
+            e = row[estimator]
+            table.add_row(name if i == 0 else "", estimator.upper(), f"{e['value']:.{digits}f}",
+                          f"[{e['low']:.{digits}f}, {e['high']:.{digits}f}]", f"{row['truth']:.{digits}f}" if i == 0 else "",
+                          "yes" if e["low"] <= row["truth"] <= e["high"] else "NO")  # fmt: skip
+    return table
 
 
 def write_summary(summary: dict[str, Any], args: argparse.Namespace, console: Console, *, plot: Path, started: float) -> int:

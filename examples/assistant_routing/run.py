@@ -32,7 +32,7 @@ from rich.table import Table
 import assistant
 from banditstream.evaluate import load_log, parse_candidates
 from banditstream.monitor import Thresholds, alert_lines, check, tables
-from banditstream.playground import Playground, example_arguments, write_summary
+from banditstream.playground import Playground, estimates_table, example_arguments, write_summary
 from learner.domain import DomainSettings
 from learner.evaluation.run import evaluate_candidates
 
@@ -166,15 +166,8 @@ def evaluate_offline(log_path: Path, history: list[assistant.Request], seed: int
 
 def offline_table(offline: dict) -> Table:
     """One row per candidate and estimator, as ``banditstream evaluate`` prints them."""
-    table = Table(title=f"route, offline, from {offline['rows']:,} logged requests")
-    for column in ("candidate", "est.", "value", "95% interval", "truth", "covers it"):
-        table.add_column(column, justify="left" if column in ("candidate", "est.", "95% interval") else "right")
-    for name, row in offline["candidates"].items():
-        for i, estimator in enumerate(("ips", "snips")):
-            e = row[estimator]
-            table.add_row(name if i == 0 else "", estimator.upper(), f"{e['value']:.3f}", f"[{e['low']:.3f}, {e['high']:.3f}]",
-                          f"{row['truth']:.3f}" if i == 0 else "", "yes" if e["low"] <= row["truth"] <= e["high"] else "NO")  # fmt: skip
-    return table
+    return estimates_table(f"route, offline, from {offline['rows']:,} logged requests", offline["candidates"], ("ips", "snips"),
+                           digits=3)  # fmt: skip
 
 
 # -- 5. summary ---------------------------------------------------------------------------

@@ -39,7 +39,7 @@ from rich.table import Table
 
 import ragservice as sim
 from banditstream.evaluate import load_log, parse_candidates
-from banditstream.playground import Playground, example_arguments, write_summary
+from banditstream.playground import Playground, estimates_table, example_arguments, write_summary
 from learner.domain import DomainSettings
 from learner.evaluation import AlwaysArm, Candidate
 from learner.evaluation.run import evaluate_candidates
@@ -217,14 +217,8 @@ def evaluate_offline(log_path: Path, truth: dict[str, dict], seed: int) -> dict:
 
 
 def offline_table(offline: dict) -> Table:
-    table = Table(title=f"offline, from {offline['rows']:,} logged questions (expected reward per question)")
-    for column in ("candidate", "est.", "value", "95% interval", "truth", "covers it"):
-        table.add_column(column, justify="left" if column in ("candidate", "est.", "95% interval") else "right")
-    for name, row in offline["candidates"].items():
-        for i, estimator in enumerate(("snips", "dr")):
-            e = row[estimator]
-            table.add_row(name if i == 0 else "", estimator.upper(), f"{e['value']:.4f}", f"[{e['low']:.4f}, {e['high']:.4f}]",
-                          f"{row['truth']:.4f}" if i == 0 else "", "yes" if e["low"] <= row["truth"] <= e["high"] else "NO")  # fmt: skip
+    table = estimates_table(f"offline, from {offline['rows']:,} logged questions (expected reward per question)",
+                            offline["candidates"], ("snips", "dr"))  # fmt: skip
     table.caption = f"the tuner: {offline['candidate']}, in batches of 100; the log's mean reward {offline['log_mean_reward']:.4f}"
     return table
 
