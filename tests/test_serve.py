@@ -307,3 +307,20 @@ def test_the_dashboard_draws_its_charts_in_chromium_with_the_numbers_of_v1_stats
         assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 10_000
     finally:
         browser.close()
+
+
+def test_ranked_events_are_held_out_of_the_garbage_collectors_sight():
+    """200,000 remembered events as tracked objects made every full collection stall the
+    service for tens of milliseconds; held as plain tuples, the collector untracks them."""
+    import gc
+
+    from banditstream.serve_domains import EventMemory, Ranked
+
+    memory = EventMemory(capacity=1000)
+    for i in range(1500):
+        memory.add(f"e{i}", Ranked(float(i), i % 2 == 0, ("a", "b") if i % 3 == 0 else None))
+    gc.collect()
+
+    assert not any(gc.is_tracked(held) for held in memory._events.values())  # noqa: SLF001
+    assert memory.get("e1499") == Ranked(1499.0, False, None) and memory.get("e1497").slots == ("a", "b")
+    assert memory.get("e499") is None and memory.oldest == 500.0
