@@ -105,6 +105,7 @@ SAMPLES = {
         "decision_time": 1_700_000_000_000,
         "reward_time": 1_700_000_000_500,
         "weight": 1.0,
+        "candidate_features": [[1.0, 0.5, -1.25], [0.5, -1.25, 3.0]],  # a shared model's: every candidate's row
     },
     "posterior": {
         "tenant": "default",
