@@ -23,10 +23,13 @@ A domain with a ``promotion`` canary share is *gated*, as in production: the pub
 its new versions to the canary channel, the SDK routes the canary share of decisions to it,
 and the product's promotion gate (:class:`~publisher.gate.Gate`) promotes or rolls it back.
 Here the gate runs when the program calls :meth:`Playground.gate` (at a round's end, over the
-whole log so far) rather than on the publisher's timer, so its verdicts fall at the same
-points on every run; :meth:`Playground.release` promotes by hand (the operator's ``snapshot
-promote``) and :meth:`Playground.reset` publishes the priors (a model reset), which a gated
-domain's canary receives.
+whole log so far) rather than on the publisher's timer, so it judges at round ends only;
+:meth:`Playground.release` promotes by hand (the operator's ``snapshot promote``) and
+:meth:`Playground.reset` publishes the priors (a model reset), which a gated domain's canary
+receives. A gated run is not reproducible bit for bit: a canary published while no other
+awaited a verdict holds what the learner had learned by then, which can be part of a round.
+Its decisions are stamped at the wall clock (the gate counts the rows decided after the canary
+was published), up to a round's length in milliseconds ahead of it.
 
 Waiting has no fixed limit: :meth:`Playground.learn` gives up only when nothing moved
 (joins, updates learned, snapshots published) for ``patience_s``. On a failure the working
@@ -303,7 +306,8 @@ class Playground:
             raise PlaygroundError(f"no domain {domain!r} here (domains: {', '.join(self.deciders)})") from None
 
     def decide(self, domain: str, context: Mapping[str, Any], actions: Sequence[str], **kwargs: Any):
-        """One decision, stamped a millisecond after the previous one (never ahead of now)."""
+        """One decision, stamped a millisecond after the previous one (and no further behind
+        the wall clock than 5 s, none for a gated loop)."""
         self.clock.ms = max(self.clock.ms + 1, int(time.time() * 1000) - self._lag_ms)
         decision = self.decider(domain).decide(context, actions, **kwargs)
         self.decided += 1
