@@ -623,15 +623,16 @@ class JoinCore:
     # -- events --------------------------------------------------------------------------
 
     def encode(self, events: list[dict]) -> list[list[float] | Exception | None]:
-        """The acted feature vectors of a batch's decisions whose domain does not normalise,
-        one ``acted_matrix`` per domain (its fixed numpy costs paid once per batch, not per
-        decision); per event, the vector, the error that refused it, or None (encoded in
-        :meth:`decision`, in order, with the partition's normaliser)."""
+        """The acted feature vectors of a batch's decisions whose per-arm domain does not
+        normalise, one ``acted_matrix`` per domain (its fixed numpy costs paid once per batch,
+        not per decision); per event, the vector, the error that refused it, or None (encoded
+        in :meth:`decision`, in order, with the partition's normaliser; a shared model's with
+        every candidate's row, the acted one among them)."""
         out: list[list[float] | Exception | None] = [None] * len(events)
         groups: dict[str, list[int]] = {}
         for i, event in enumerate(events):
             domain = self.domains.get(event["domain"])
-            if domain is not None and domain.encoder is not None:
+            if domain is not None and domain.encoder is not None and not domain.shared:
                 groups.setdefault(domain.name, []).append(i)
         for name, indices in groups.items():
             encoder = self.domains[name].encoder
@@ -669,12 +670,11 @@ class JoinCore:
         if isinstance(features, Exception):
             raise features
         candidate_features: list[list[float]] = []
-        if domain.shared:  # every candidate's row, before the normaliser learns this context
-            candidate_features = part.encoder(domain).action_matrix(event.get("context") or {}, event["actions"]).tolist()
         if features is None:
             encoder = part.encoder(domain)
-            if domain.shared:
-                features = encoder.acted_matrix((event,))[0].tolist()
+            if domain.shared:  # every candidate's row (for evaluation); the acted one is what is learned
+                candidate_features = encoder.action_matrix(event.get("context") or {}, event["actions"]).tolist()
+                features = candidate_features[event["chosen"]]
             else:  # the acted row of a per-arm model is the context's vector
                 features = encoder.context_vector(event.get("context") or {}).tolist()
             if domain.normalize:  # after encoding, so a value never normalises itself
