@@ -36,7 +36,7 @@ from rich.table import Table
 import interrogator as sim
 from banditstream.decider import Decider, PulledSnapshots
 from banditstream.evaluate import load_log, parse_candidates
-from banditstream.playground import Playground, example_arguments, write_summary
+from banditstream.playground import Playground, estimates_table, example_arguments, write_summary
 from banditstream.warmstart import local_policy
 from learner.domain import DomainSettings
 from learner.evaluation import Candidate
@@ -221,15 +221,8 @@ def evaluate_gate(log_path: Path, logged: dict[str, sim.Logged], seed: int) -> d
 
 def gate_table(gate: dict) -> Table:
     """One row per candidate and estimator, as ``banditstream evaluate`` prints them."""
-    table = Table(title=f"the gate, from {gate['rows']:,} logged steps (expected reward per step)")
-    for column in ("candidate", "est.", "value", "95% interval", "truth", "covers it"):
-        table.add_column(column, justify="left" if column in ("candidate", "est.", "95% interval") else "right")
-    for name, row in gate["candidates"].items():
-        label = "lin_ts (the policy)" if name == gate["candidate"] else name
-        for i, estimator in enumerate(ESTIMATORS):
-            e = row[estimator]
-            table.add_row(label if i == 0 else "", estimator.upper(), f"{e['value']:.4f}", f"[{e['low']:.4f}, {e['high']:.4f}]",
-                          f"{row['truth']:.4f}" if i == 0 else "", "yes" if e["low"] <= row["truth"] <= e["high"] else "NO")  # fmt: skip
+    rows = {"lin_ts (the policy)" if name == gate["candidate"] else name: row for name, row in gate["candidates"].items()}
+    table = estimates_table(f"the gate, from {gate['rows']:,} logged steps (expected reward per step)", rows, ESTIMATORS)
     table.caption = (f"the policy: {gate['candidate']}, in batches of {BATCH}; the log's mean reward "
                      f"(the ε-random order's value) {gate['log_mean_reward']:.4f}")  # fmt: skip
     return table

@@ -40,7 +40,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from learner.evaluation.errors import InvalidInputError
-from learner.evaluation.reward_models import PerActionModel, Ridge, _check_actions, _check_reward
+from learner.evaluation.reward_models import PerActionModel, Ridge, _check_actions, _check_reward, _folds
 
 __all__ = ["Importance", "permutation_importance"]
 
@@ -84,16 +84,13 @@ def permutation_importance(
     n, d = X.shape
     action = _check_actions(action, n, n_actions)
     reward = _check_reward(reward, n)
-    if not 2 <= n_folds <= n:
-        raise InvalidInputError(f"n_folds must be in [2, n={n}], got {n_folds}")
     if repeats < 1:
         raise InvalidInputError(f"repeats must be >= 1, got {repeats}")
     for g in groups:
         if not (0 <= (g.start or 0) < (g.stop or 0) <= d) or g.step not in (None, 1):
             raise InvalidInputError(f"group {g} is not a contiguous, non-empty slice of X's {d} columns")
     rng = np.random.default_rng(random_state)
-    fold = np.empty(n, dtype=np.intp)
-    fold[rng.permutation(n)] = np.arange(n) % n_folds
+    fold = _folds(n, n_folds, rng)  # dealt from rng, which the shuffles then go on drawing from
     loss = 0.0
     rises = np.zeros((len(groups), n_folds, repeats))  # summed squared-error rises, per fold and repeat
     for f in range(n_folds):

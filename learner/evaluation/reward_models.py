@@ -307,10 +307,7 @@ def cross_fit(
         raise InvalidInputError(f"n_actions is {n_actions}, but the model or features have {k} actions")
     action = _check_actions(action, n, k)
     reward = _check_reward(reward, n)
-    if isinstance(n_folds, bool) or not isinstance(n_folds, int) or not 2 <= n_folds <= n:
-        raise InvalidInputError(f"n_folds must be an int in [2, n={n}], got {n_folds!r}")
-    fold = np.empty(n, dtype=np.intp)
-    fold[np.random.default_rng(random_state).permutation(n)] = np.arange(n) % n_folds
+    fold = _folds(n, n_folds, random_state)
     out = np.empty((n, k))
     for f in range(n_folds):
         held_out = fold == f
@@ -353,11 +350,8 @@ def cross_fit_rows(
     if X.ndim != 2 or mask.shape[0] != n or len(candidate_rows) != n:
         raise InvalidInputError(f"cross_fit_rows needs acted (n, d), candidates (n, K) and n candidate row blocks, got "
                                 f"{X.shape}, {mask.shape} and {len(candidate_rows)}")  # fmt: skip
-    if isinstance(n_folds, bool) or not isinstance(n_folds, int) or not 2 <= n_folds <= n:
-        raise InvalidInputError(f"n_folds must be an int in [2, n={n}], got {n_folds!r}")
     template = Ridge() if regressor is None else regressor
-    fold = np.empty(n, dtype=np.intp)
-    fold[np.random.default_rng(random_state).permutation(n)] = np.arange(n) % n_folds
+    fold = _folds(n, n_folds, random_state)
     out = np.zeros(mask.shape)
     for f in range(n_folds):
         held = np.flatnonzero(fold == f)
@@ -369,3 +363,12 @@ def cross_fit_rows(
             out[i, np.flatnonzero(mask[i])] = predicted[at : at + len(block)]
             at += len(block)
     return out
+
+
+def _folds(n: int, n_folds: int, random_state: int | np.random.Generator | None) -> np.ndarray:
+    """Each row's fold: a seeded permutation of the rows dealt round-robin into ``n_folds``."""
+    if isinstance(n_folds, bool) or not isinstance(n_folds, int) or not 2 <= n_folds <= n:
+        raise InvalidInputError(f"n_folds must be an int in [2, n={n}], got {n_folds!r}")
+    fold = np.empty(n, dtype=np.intp)
+    fold[np.random.default_rng(random_state).permutation(n)] = np.arange(n) % n_folds
+    return fold
