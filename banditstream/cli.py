@@ -441,6 +441,28 @@ def snapshot_rollback(
         console.print(row["message"], highlight=False)
 
 
+@snapshot_app.command("reset")
+def snapshot_reset(
+    domain: str = typer.Option(..., "--domain", help="The domain whose model to reset."),
+    yes: bool = typer.Option(False, "--yes", help="Confirm: what the domain learned is dropped."),
+    tenant: Optional[str] = TENANT,
+    workspace: Optional[str] = WORKSPACE,
+) -> None:
+    """Reset a domain's model to its priors: a marker for the learners on every updates partition, then a new version of the priors."""
+    from publisher.cli_ops import reset_model
+
+    settings = state.settings()
+    if domain not in settings.domains:
+        raise ConfigError(f"--domain: {domain!r} is not a configured domain (known: {', '.join(sorted(settings.domains)) or 'none'})")
+    if not yes:
+        raise ConfigError(f"--yes: a reset drops everything {domain!r} learned (the updates stay in the log); pass --yes to confirm")
+    publisher = settings.publisher(tenant=tenant, workspace=workspace)
+    topic = settings.topics.updates
+    with err_console.status(f"writing reset markers to {topic} and publishing {domain}'s priors"):
+        done = reset_model(publisher, domain, settings.kafka, topic, settings.worker_config().serde("update", topic=topic))
+    console.print(done["message"], highlight=False)
+
+
 @snapshot_app.command("gate")
 def snapshot_gate(
     domain: str = typer.Option(..., "--domain", help="The domain whose canary to judge."),

@@ -298,15 +298,17 @@ class Settings(ConfigSection):
             channels=tuple(p.channels),
         )
 
-    def publisher(self, domains: Mapping[str, Any] | None = None) -> Any:
+    def publisher(self, domains: Mapping[str, Any] | None = None, *, tenant: str | None = None, workspace: str | None = None) -> Any:
         """A ``Publisher`` signing with ``publish.keys_dir``'s keys, for ``domains`` (default:
-        every configured one): what the operator commands (promote, gate, reset) write with."""
+        every configured one) of ``tenant``/``workspace`` (default: the config's): what the
+        operator commands (promote, gate, reset) write with."""
         from publisher.cli_ops import load_keys
         from publisher.publish import Publisher
 
         keys, root = load_keys(self.publish.keys_dir)
         return Publisher(self.snapshot_store(), keys, root, domains=dict(self.domains if domains is None else domains),
-                         tenant=self.tenant, workspace=self.workspace, config=self.publisher_config())  # fmt: skip
+                         tenant=tenant or self.tenant, workspace=workspace or self.workspace,
+                         config=self.publisher_config())  # fmt: skip
 
     @property
     def trusted_root_path(self) -> Path:

@@ -564,11 +564,11 @@ class ServeApp:
         return Response(blob, 200, headers=headers, media_type="application/octet-stream")
 
     def _reset_model(self, loop: DomainLoop) -> None:
-        """A snapshot of the policy's priors, published and pulled (needs the publish keys)."""
+        """The domain's model back to its priors: reset markers for the learners, then a
+        snapshot of the priors, published and pulled (needs the publish keys)."""
         if not self.settings.serve.allow_model_reset:
-            raise ApiError("model: reset is off here (serve.allow_model_reset); the learner's state stays", "forbidden",
-                           field="model")  # fmt: skip
-        from publisher.cli_ops import load_keys
+            raise ApiError("model: reset is off here (serve.allow_model_reset)", "forbidden", field="model")
+        from publisher.cli_ops import load_keys, reset_model
         from publisher.publish import Publisher, PublisherConfig
         from publisher.stores import open_store
 
@@ -577,8 +577,9 @@ class ServeApp:
         store = open_store(s.stores.snapshots, s3=s.s3_client_kwargs())
         publisher = Publisher(store, keys, root, domains={w.domain: loop.domain_settings}, tenant=w.tenant, workspace=w.workspace,
                               config=PublisherConfig(channels=tuple(s.publish.channels)))  # fmt: skip
-        result = publisher.reset(w.domain)
-        log.warning("%s: model reset: published %s from priors", w, result.version)
+        topic = s.topics.updates
+        done = reset_model(publisher, w.domain, s.kafka, topic, s.worker_config().serde("update", topic=topic))
+        log.warning("%s: model reset: %s", w, done["message"])
         loop.decider.refresh()
 
     async def model_properties(self, request: Request, loop: DomainLoop, version: str) -> Response:

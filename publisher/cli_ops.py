@@ -14,6 +14,7 @@ everywhere: ``tenant``, ``workspace`` (None: any) and ``domains`` (None: all).
 ``restore_snapshots``  re-publish backed-up snapshots (unknown domains and other majors skipped)
 ``promote``            move a version to a channel (default: canary's head to stable)
 ``rollback``           publish a new version carrying an older version's state
+``reset_model``        reset a domain's model: markers for the learners, a version of the priors
 =====================  =====================================================================
 """
 
@@ -36,6 +37,9 @@ from publisher.repository import CHANNELS, Repository, create_root, target_name
 from publisher.signing import ROLES, KeyRing
 from publisher.snapshot import STATE_MAJOR, Snapshot
 from publisher.stores import SnapshotStore, open_store
+from streams.reset import send_reset
+from streams.serde import AvroSerde
+from streams.settings import KafkaSettings
 
 __all__ = [
     "KeysReport",
@@ -47,6 +51,7 @@ __all__ = [
     "load_keys",
     "open_store",
     "promote",
+    "reset_model",
     "restore_snapshots",
     "rollback",
     "verify_snapshots",
@@ -417,6 +422,23 @@ def rollback(
         rows.append({"domain": d, "version": result.version, "state_of": result.snapshot.derived_from, "channels": list(result.entry.channels),
                      "message": f"{d}: published {result.version} with the state of {result.snapshot.derived_from}"})  # fmt: skip
     return rows
+
+
+def reset_model(publisher: Publisher, domain: str, kafka: KafkaSettings, updates_topic: str, serde: AvroSerde) -> dict[str, Any]:
+    """Reset ``domain``'s model to its priors, everywhere: a reset marker on every partition of
+    the updates topic (each learner returns the domain's models to their priors there, and
+    learns on from the updates after it), then a new version holding the priors (to the canary
+    only on a gated domain). Markers first: if they cannot all be written nothing is published
+    (:class:`~streams.reset.ResetError`), and sending again is harmless.
+
+    Until every learner has read its marker, the publisher worker may still publish a version
+    with the old learning of the partitions that have not; it is replaced as soon as they have.
+    """
+    landed = send_reset(kafka, updates_topic, serde, publisher.tenant, publisher.workspace, domain)
+    result = publisher.reset(domain)
+    return {"domain": domain, "version": result.version, "channels": list(result.entry.channels), "markers": landed,
+            "message": f"{domain}: reset to its priors: {len(landed)} markers on {updates_topic}, published {result.version} "
+                       f"to {', '.join(result.entry.channels)}"}  # fmt: skip
 
 
 def _selected(domains: Sequence[str] | None, domains_config: Mapping[str, DomainSettings]) -> list[str]:

@@ -82,7 +82,7 @@ class PublisherMetrics:
         self.registry = registry if registry is not None else CollectorRegistry()
         r = self.registry
         self.published = Counter(
-            "banditstream_snapshots_published", "Snapshot versions committed, by event (publish, rollback, restore).",
+            "banditstream_snapshots_published", "Snapshot versions committed, by event (publish, rollback, restore, reset).",
             ["domain", "event"], registry=r,
         )  # fmt: skip
         self.guard_failures = Counter(
@@ -211,6 +211,7 @@ class Publisher:
         source_offsets: Iterable[SourceOffset | tuple[str, int, int]] = (),
         channels: Iterable[str] | None = None,
         force: bool = False,
+        fresh: bool = False,
     ) -> PublishResult:
         """Build, guard, version and commit a snapshot of ``policy`` for ``domain``.
 
@@ -229,21 +230,23 @@ class Publisher:
             self.metrics.guard_failures.labels(domain, exc.reason).inc()
             log.warning("%s/%s/%s: publish aborted by the %s guard: %s", self.tenant, self.workspace, domain, exc.reason, exc)
             raise
-        snapshot = self._choose_version(head, snapshot)
-        result = self._upload(repo, head, snapshot, channels, event="publish")
+        snapshot = self._choose_version(head, snapshot, fresh=fresh)
+        result = self._upload(repo, head, snapshot, channels, event="reset" if fresh else "publish")
         self.metrics.publish_seconds.labels(domain).observe(time.perf_counter() - started)
         return result
 
     def reset(self, domain: str) -> PublishResult:
-        """A new version of ``domain`` holding its policy's priors (Personalizer's model reset;
-        the learner's state is untouched). A gated domain's reset goes to the canary channel
-        only, like any new version of it: the promotion gate judges it before users see it."""
+        """A new minor version of ``domain`` holding its policy's priors (Personalizer's model
+        reset; the major version is the state layout, which a reset keeps). The learners' state
+        is reset by markers in the updates log (:func:`publisher.cli_ops.reset_model` sends
+        both). A gated domain's reset goes to the canary channel only, like any new version of
+        it: the promotion gate judges it before users see it."""
         settings = self.settings(domain)
         promotion = getattr(settings, "promotion", None)
         gated = promotion is not None and promotion.canary_share > 0
         stable = self.repository(domain).channel_head("stable") if gated else None
         channels = ("canary",) if stable is not None else None
-        return self.publish(domain, settings.make_policy(), channels=channels, force=True)
+        return self.publish(domain, settings.make_policy(), channels=channels, force=True, fresh=True)
 
     def _build(
         self,
@@ -289,8 +292,9 @@ class Publisher:
             self._history[domain] = history
         return history
 
-    def _choose_version(self, head: Head, snapshot: Snapshot) -> Snapshot:
-        """Patch: more data. Minor: policy, hyper-parameters, features or reward changed. Major: state."""
+    def _choose_version(self, head: Head, snapshot: Snapshot, *, fresh: bool = False) -> Snapshot:
+        """Patch: more data. Minor: policy, hyper-parameters, features or reward changed, or a
+        reset (``fresh``). Major: state layout."""
         entries = head.entries()
         if not entries:
             return snapshot.replace(version=str(SemVer(STATE_MAJOR, 0, 0)))
@@ -302,7 +306,7 @@ class Publisher:
             )
         if latest.version.major < STATE_MAJOR:
             version = SemVer(STATE_MAJOR, 0, 0)
-        elif latest.custom.get("config_hash") != target_custom(snapshot)["config_hash"]:
+        elif fresh or latest.custom.get("config_hash") != target_custom(snapshot)["config_hash"]:
             version = latest.version.bump_minor()
         else:
             version = latest.version.bump_patch()

@@ -673,6 +673,6 @@ class Repository:
 
 
 def manifest_versions(lines: Iterable[Mapping[str, Any]]) -> list[str]:
-    """Versions the audit log says were published (in order), rollbacks and restores included."""
-    return [line["version"] for line in lines if line.get("event") in ("publish", "rollback", "restore")]
+    """Versions the audit log says were published (in order), rollbacks, restores and resets included."""
+    return [line["version"] for line in lines if line.get("event") in ("publish", "rollback", "restore", "reset")]
 

@@ -111,7 +111,10 @@ class PosteriorTable:
         self._normalizers: dict[str, dict[str, Mapping[str, Any]]] = {d: {} for d in self.domains}
 
     def put(self, record: Mapping[str, Any]) -> bool:
-        """Keep ``record`` if it is ours and not older than what is held; False if ignored."""
+        """Keep ``record`` if it is ours and not older than what is held; False if ignored.
+
+        Newer means further along its updates partition (the watermark); a model reset lowers
+        the update count, so the count only decides between records without watermarks."""
         if record["policy"] == NORMALIZER_POLICY:
             if record["domain"] not in self.domains:
                 return False
@@ -122,11 +125,15 @@ class PosteriorTable:
         shards = self._shards[record["domain"]]
         key = (record["arm"], record["policy"])
         held = shards.get(key)
-        if held is not None and held["update_count"] > record["update_count"] and held["policy"] == record["policy"]:
+        if held is not None and _older(record, held):
             return False  # a replayed older state (at-least-once delivery)
-        shards[key] = dict(record)  # an equal count may still carry a newer watermark
-        new = record["update_count"] - held["update_count"] if held is not None else max(1, record["update_count"])
-        self._new_updates[record["domain"]] += max(0, new)
+        shards[key] = dict(record)  # an equal position may still carry a newer emission
+        count = record["update_count"]
+        if held is None or count < held["update_count"]:  # new, or reset since
+            new = max(1, count)
+        else:
+            new = count - held["update_count"]
+        self._new_updates[record["domain"]] += new
         return True
 
     def normalizer(self, domain: str, feature_hash: str) -> Normalizer | None:
@@ -151,6 +158,20 @@ class PosteriorTable:
 
     def mark(self, domain: str) -> None:
         self._new_updates[domain] = 0
+
+
+def _position(record: Mapping[str, Any]) -> int | None:
+    """How far along its updates partition a PosteriorShard is (its furthest watermark)."""
+    offsets = [int(mark["offset"]) for mark in record["watermark"]]
+    return max(offsets) if offsets else None
+
+
+def _older(record: Mapping[str, Any], held: Mapping[str, Any]) -> bool:
+    """Whether ``record`` is an older state of the model ``held`` is."""
+    mine, theirs = _position(record), _position(held)
+    if mine is not None and theirs is not None:
+        return mine < theirs
+    return held["update_count"] > record["update_count"]
 
 
 def policy_from_shards(
@@ -206,7 +227,7 @@ class GateLog:
         for update in batch.records:
             rows = self.rows.get(update["domain"])
             if (rows is not None and update["tenant"] == self.tenant and update["workspace"] == self.workspace
-                    and update["decision_time"] >= self.since[update["domain"]]):
+                    and update["decision_time"] >= self.since[update["domain"]] and not update["reset"]):
                 rows.append(update)
         return len(batch.messages) + len(batch.failures)
 

@@ -19,6 +19,12 @@ validated) earlier in its block or in the ``window_blocks`` blocks before it. Th
 function of the log alone, so it is not stored: on assignment the worker seeks
 ``window_blocks`` blocks before the resume offset and feeds those records first; they only
 fill the window (:attr:`ShardLearner.floor` says from where records are learned).
+
+Reset: an update of mode :data:`RESET` (a marker, :mod:`streams.reset`) cuts its domain's rows
+in the block: the rows before it are folded, then every model of the domain returns to its
+priors (keeping its place, so its prior state is persisted and published like any other), then
+the rows after it are folded. A model whose own floor lies past the marker (a rebuilt shard's
+model published after it) already starts from the reset and is left alone.
 """
 
 from __future__ import annotations
@@ -36,7 +42,10 @@ from learner.errors import StoreError
 from learner.policies import Drift, Policy
 from learner.store import ArmKey, ArmState, Shard
 
-__all__ = ["BlockStats", "DomainModel", "ModelState", "ShardLearner", "StateMismatch", "Update"]
+__all__ = ["RESET", "BlockStats", "DomainModel", "ModelState", "ShardLearner", "StateMismatch", "Update"]
+
+#: The mode of a model-reset marker (see the module docstring).
+RESET = "reset"
 
 
 class StateMismatch(StoreError):
@@ -52,7 +61,7 @@ class Update(NamedTuple):
     features: list[float]
     reward: float
     weight: float
-    mode: str  # live, shadow or off; only live updates are learned as acted
+    mode: str  # live, shadow or off; only live updates are learned as acted; RESET for a reset marker
 
 
 @dataclass(frozen=True)
@@ -118,6 +127,8 @@ class _Fold:
     records: int = 0
     duplicates: int = 0
     not_acted: dict[str, int] = field(default_factory=dict)
+    #: per (tenant, workspace, domain): (rows of it before the marker, the marker's offset), in order
+    resets: dict[tuple[str, str, str], list[tuple[int, int]]] = field(default_factory=dict)
 
 
 class ShardLearner:
@@ -230,6 +241,8 @@ class ShardLearner:
             self._pending.append(update)
             if update.mode == "live" and offset >= self._floors.get(update.key, self.floor):
                 self.dirty.add(update.key)
+            elif update.mode == RESET and offset >= self.floor:
+                self.dirty.update(self._resettable(update.key[:3], offset, self._policies))
         self.position = offset + 1
         if self.position == (block + 1) * self.block_size:
             self._close_block()
@@ -241,7 +254,7 @@ class ShardLearner:
         started = time.perf_counter()
         end = (block + 1) * self.block_size
         fold = self._fold(block, self._pending)
-        touched = self._apply(fold.groups, self._policies)
+        touched = self._apply(fold, self._policies)
         self._unsaved.update(touched)
         self._window.append((block, fold.ids))
         for event_id in fold.ids:
@@ -286,6 +299,11 @@ class ShardLearner:
                 fold.duplicates += counted
                 continue
             ids.add(event_id)
+            if update.mode == RESET:
+                if counted:
+                    twd = update.key[:3]
+                    fold.resets.setdefault(twd, []).append((len(fold.groups.get(twd, ())), update.offset))
+                continue
             if update.mode != "live":
                 if counted:
                     fold.not_acted[update.mode] = fold.not_acted.get(update.mode, 0) + 1
@@ -303,18 +321,51 @@ class ShardLearner:
                 if seen.get(event_id) == block:
                     del seen[event_id]
 
-    def _apply(self, groups: Mapping[tuple[str, str, str], list[Update]], policies: Mapping) -> list[ArmKey]:
-        """One rank-k ``update_batch`` per domain, rows in offset order; the touched keys."""
+    def _apply(self, fold: _Fold, policies: dict[tuple[str, str, str], Policy]) -> list[ArmKey]:
+        """One rank-k ``update_batch`` per domain, rows in offset order, cut where the domain
+        was reset; the touched keys."""
         touched: list[ArmKey] = []
-        for twd, rows in groups.items():
-            policy = policies[twd] if twd in policies else self._policy(ArmKey(*twd))
-            X = np.array([u.features for u in rows], dtype=np.float64)
-            arms = [u.key.arm for u in rows]
-            rewards = np.array([u.reward for u in rows], dtype=np.float64)
-            weights = np.array([u.weight for u in rows], dtype=np.float64)
-            for arm in policy.update_batch(X, arms, rewards, weights):
-                touched.append(ArmKey(*twd, arm))
+        for twd in dict.fromkeys([*fold.groups, *fold.resets]):
+            rows = fold.groups.get(twd, [])
+            start = 0
+            for cut, offset in fold.resets.get(twd, ()):
+                touched += self._learn(twd, rows[start:cut], policies)
+                touched += self._reset(twd, offset, policies)
+                start = cut
+            touched += self._learn(twd, rows[start:], policies)
         return touched
+
+    def _learn(self, twd: tuple[str, str, str], rows: list[Update], policies: dict) -> list[ArmKey]:
+        if not rows:
+            return []
+        policy = policies[twd] if twd in policies else self._policy(ArmKey(*twd))
+        X = np.array([u.features for u in rows], dtype=np.float64)
+        arms = [u.key.arm for u in rows]
+        rewards = np.array([u.reward for u in rows], dtype=np.float64)
+        weights = np.array([u.weight for u in rows], dtype=np.float64)
+        return [ArmKey(*twd, arm) for arm in policy.update_batch(X, arms, rewards, weights)]
+
+    def _reset(self, twd: tuple[str, str, str], offset: int, policies: dict) -> list[ArmKey]:
+        """Every model of ``twd`` back to its priors at the marker at ``offset``: a fresh policy
+        holding the same arms, the reset ones at their priors. The reset keys."""
+        old = policies.get(twd)
+        if old is None:
+            return []
+        reset = set(self._resettable(twd, offset, policies))
+        fresh = self.domains[twd[2]].settings.make_policy()
+        for arm in old.arm_ids():
+            if ArmKey(*twd, arm) in reset:
+                fresh.add_arm(arm)
+            else:  # its state was published after the marker: it starts from the reset already
+                fresh.load_arm_state(arm, old.arm_state_bytes(arm))
+        policies[twd] = fresh
+        return sorted(reset)
+
+    def _resettable(self, twd: tuple[str, str, str], offset: int, policies: Mapping) -> list[ArmKey]:
+        """The models of ``twd`` a marker at ``offset`` resets: those whose state is from before it."""
+        policy = policies.get(twd)
+        keys = [ArmKey(*twd, arm) for arm in policy.arm_ids()] if policy is not None else []
+        return [key for key in keys if offset >= self._floors.get(key, self.floor)]
 
     # -- publishing ------------------------------------------------------------------------
 
@@ -328,15 +379,17 @@ class ShardLearner:
         in_scratch: set[ArmKey] = set()
         if self._pending:
             fold = self._fold(self._pending_block, self._pending)
-            for twd, rows in fold.groups.items():
+            for twd in dict.fromkeys([*fold.groups, *fold.resets]):
                 copy = self.domains[twd[2]].settings.make_policy()
                 base = self._policies.get(twd)
                 held = set(base.arm_ids()) if base is not None else set()
-                for arm in dict.fromkeys(u.key.arm for u in rows):
+                # a reset touches every arm of the domain; rows only their own
+                wanted = base.arm_ids() if twd in fold.resets and base is not None else [u.key.arm for u in fold.groups.get(twd, ())]
+                for arm in dict.fromkeys(wanted):
                     if arm in held:
                         copy.load_arm_state(arm, base.arm_state_bytes(arm))
                 scratch[twd] = copy
-            in_scratch.update(self._apply(fold.groups, scratch))
+            in_scratch.update(self._apply(fold, scratch))
         out = []
         for key in keys:
             twd = key[:3]

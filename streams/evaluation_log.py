@@ -56,6 +56,8 @@ class ReadReport:
     kept: int = 0
     undecodable: int = 0
     out_of_range: int = 0
+    #: model-reset markers (:mod:`streams.reset`) read and left out: they are not decisions
+    resets: int = 0
     seconds: float = 0.0
     #: partition -> the next offset after the last record read
     ends: dict[int, int] = field(default_factory=dict)
@@ -70,13 +72,13 @@ def read_updates(
     progress: Callable[[int], None] | None = None,
     timeout_s: float = 600.0,
 ) -> tuple[list[dict[str, Any]], ReadReport]:
-    """Every update of ``topic`` in ``log_range``, and what reading found.
+    """Every update of ``topic`` in ``log_range`` (model-reset markers left out), and what reading found.
 
     ``progress(records_so_far)`` is called after each fetch. Raises TimeoutError when the
     partitions are not read to their ends within ``timeout_s``.
     """
     started = time.monotonic()
-    partitions = _partitions(kafka, topic)
+    partitions = topic_partitions(kafka, topic)
     starts = log_range.start_offsets or {}
     consumer = Consumer(kafka.consumer_config(
         f"banditstream-evaluate-{uuid.uuid4().hex[:8]}",
@@ -115,11 +117,15 @@ def read_updates(
             if whole:  # (no per-row call: most reads take the whole log)
                 good = [update for update in decoded if not isinstance(update, DecodeError)]
                 report.undecodable += len(decoded) - len(good)
-                kept += good
+                decisions = [update for update in good if not update.get("reset")]
+                report.resets += len(good) - len(decisions)
+                kept += decisions
             else:
                 for update in decoded:
                     if isinstance(update, DecodeError):
                         report.undecodable += 1
+                    elif update.get("reset"):  # a model-reset marker (streams.reset), not a decision
+                        report.resets += 1
                     elif log_range.keeps(update):
                         kept.append(update)
                     else:
@@ -172,6 +178,9 @@ def read_update_files(paths: Iterable[str | Path], *, log_range: LogRange = LogR
         with open(path, "rb") as handle:
             for update in fastavro.reader(handle, reader_schema=reader_schema):
                 report.records += 1
+                if update.get("reset"):
+                    report.resets += 1
+                    continue
                 for name in _TIMES:  # fastavro gives timestamp-millis as datetimes; the topic's readers give ms
                     if isinstance(update.get(name), datetime):
                         update[name] = int(update[name].timestamp() * 1000)
@@ -187,7 +196,8 @@ def read_update_files(paths: Iterable[str | Path], *, log_range: LogRange = LogR
 _TIMES = ("decision_time", "reward_time")
 
 
-def _partitions(kafka: KafkaSettings, topic: str) -> list[int]:
+def topic_partitions(kafka: KafkaSettings, topic: str) -> list[int]:
+    """The partition numbers of ``topic``, sorted; ValueError if it does not exist."""
     metadata = AdminClient(kafka.client_config()).list_topics(timeout=10)
     info = metadata.topics.get(topic)
     if info is None or info.error is not None:
@@ -199,7 +209,7 @@ def log_ends(kafka: KafkaSettings, topic: str, timeout_s: float = 30.0) -> dict[
     """Per partition, the offset after its last record, as fetching finds it: a queried end
     offset can be short of it (Tansu answers the last batch's first offset + 1), so each
     partition is read from just below that to where the fetch reports its end."""
-    partitions = _partitions(kafka, topic)
+    partitions = topic_partitions(kafka, topic)
     consumer = Consumer(kafka.consumer_config(f"banditstream-ends-{uuid.uuid4().hex[:8]}", **{"enable.partition.eof": True}))
     try:
         starts = {p: max(0, consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] - 1) for p in partitions}

@@ -36,6 +36,9 @@ The workflow, in the order a record meets it:
    their reward is the domain's default reward. ``join_status=not_activated`` updates (a
    deferred decision never activated) are not learned either (counted under
    ``mode="not_activated"``).
+   A **reset marker** (``reset = true``, :mod:`streams.reset`) returns every model of its
+   tenant/workspace/domain in that partition to its priors at the marker's offset, inside the
+   block's fold, so a reset replays as exactly as any update (``banditstream_learner_resets``).
 5. **Dedupe.** After a crash the join may emit an UpdateEvent twice (same ``event_id``, same
    key, so the same partition). An update is a duplicate when its ``event_id`` was seen
    earlier in its block or in the ``window_blocks`` blocks before it
@@ -101,7 +104,7 @@ from learner.policies.base import FORMAT_MAJOR
 from learner.statelock import StateLock
 from learner.store import ArmKey, PosteriorStore
 from streams._learn_rebuild import read_published
-from streams._learn_shard import BlockStats, DomainModel, ShardLearner, Update
+from streams._learn_shard import RESET, BlockStats, DomainModel, ShardLearner, Update
 from streams.client import EventProducer
 from streams.deadletter import DeadLetters
 from streams.errors import DecodeError, UnknownDomain, ValidationError, WrongDimension
@@ -246,6 +249,10 @@ class Learner:
             "banditstream_updates_not_learned", "Valid updates not learned as acted, by mode (shadow, off).",
             ["worker", "mode"], registry=registry_,
         )  # fmt: skip
+        self.resets = Counter(
+            "banditstream_learner_resets", "Model-reset markers read (a domain's models in one partition back to their priors).",
+            ["domain"], registry=registry_,
+        )  # fmt: skip
         self.assigned = Gauge("banditstream_partitions_assigned", "Updates partitions owned.", ["worker"], registry=registry_)
         self.stored_offset = Gauge(
             "banditstream_learner_stored_offset", "Offset of the last persisted block, per partition.",
@@ -338,6 +345,8 @@ class Learner:
             update = None
             if isinstance(record, DecodeError):
                 self._dead_letter(message, record)
+            elif record["reset"]:
+                update = self._reset_marker(record, partition, offset, fresh)
             else:
                 try:
                     update = self._parse(record, message.key(), offset, len(message.value() or b""))
@@ -388,6 +397,17 @@ class Learner:
         mode = "not_activated" if record["join_status"] == "not_activated" else record["mode"]
         return Update(offset, record["event_id"], model_key, features, reward, weight, mode)
 
+    def _reset_marker(self, record: dict, partition: int, offset: int, fresh: bool) -> Update | None:
+        """The reset marker in ``record`` as an update to fold, or None for a domain not
+        configured here (there is nothing of it to reset)."""
+        if record["domain"] not in self.domains:
+            return None
+        key = ArmKey(record["tenant"], record["workspace"], record["domain"], SHARED_ARM)
+        if fresh:
+            self.resets.labels(key.domain).inc()
+            log.warning("partition %d, offset %d: %s reset to its priors", partition, offset, "/".join(key[:3]))
+        return Update(offset, record["event_id"], key, [], 0.0, 0.0, RESET)
+
     def _model_key(self, ids: tuple[str, str, str, str], model: DomainModel) -> tuple[ArmKey, bytes]:
         """The model an update of (tenant, workspace, domain, arm) folds into, and its shard key."""
         tenant, workspace, domain, arm = ids
@@ -423,6 +443,7 @@ class Learner:
             self.metrics.duplicates.labels(WORKER, "update").inc(stats.duplicates)
         for mode, count in stats.not_acted.items():
             self.not_learned.labels(WORKER, mode).inc(count)
+
         if stats.persisted:
             shard = self._shards.get(stats.partition)
             if shard is not None:

@@ -81,3 +81,30 @@ def test_keys_then_list_verify_dump_promote_rollback_restore(tmp_path):
     (tmp_path / ".banditstream" / "snapshots" / "default" / "main" / "route" / "metadata" / "timestamp.json").write_text("{}")
     tampered = _cli(tmp_path, "snapshot", "verify", "--domains", "route")
     assert tampered.returncode == 1 and "False" in tampered.stdout
+
+
+def test_snapshot_reset_writes_a_marker_per_updates_partition_and_publishes_the_priors(tmp_path, kafka, topics):
+    from streams.evaluation_log import read_updates
+    from streams.serde import AvroSerde
+    from streams.topics import ensure_topics
+
+    ensure_topics(kafka, topics)
+    (tmp_path / "bs.json").write_text(json.dumps({**CONFIG, "kafka": kafka.model_dump(), "topics": topics.model_dump()}))
+    assert _cli(tmp_path, "keys", "generate").returncode == 0
+    learned = _publish(tmp_path, "route", 50, 1)
+
+    unconfirmed = _cli(tmp_path, "snapshot", "reset", "--domain", "route")
+    assert unconfirmed.returncode == 2 and "--yes" in unconfirmed.stderr and "Traceback" not in unconfirmed.stderr
+    unknown = _cli(tmp_path, "snapshot", "reset", "--domain", "nope", "--yes")
+    assert unknown.returncode == 2 and "--domain" in unknown.stderr and "'nope'" in unknown.stderr
+
+    done = _cli(tmp_path, "snapshot", "reset", "--domain", "route", "--yes")
+    assert done.returncode == 0, done.stderr
+    assert f"{topics.update_partitions} markers on {topics.updates}" in done.stdout
+    head = json.loads(_cli(tmp_path, "snapshot", "dump", "route").stdout)
+    major, minor, _ = learned.split(".")
+    assert head["version"] == f"{major}.{int(minor) + 1}.0" and head["samples"] == 0
+
+    # one marker on every partition, and no decision in the log for evaluation to read
+    decisions, report = read_updates(kafka, topics.updates, AvroSerde("update", framing="single_object"), timeout_s=60)
+    assert decisions == [] and report.resets == report.records == topics.update_partitions

@@ -408,12 +408,12 @@ def test_posterior_table_keeps_the_latest_state_per_arm_and_skips_foreign_shards
     domain_settings = settings()
     learner = learn(domain_settings.make_policy(), n=90)
 
-    def shard(arm, count, **extra):
+    def shard(arm, count, at=None, **extra):
         return {
             "tenant": "default", "workspace": "main", "domain": "route", "arm": arm, "policy": "lin_ts", "dimension": DIM,
             "state": learner.arm_state_bytes(arm), "state_major": 1, "update_count": count,
-            "watermark": [{"topic": "u", "partition": 0, "offset": count}], "feature_hash": "", "drift_trace": 0.0,
-            "drift_norm": 0.0, **extra,
+            "watermark": [{"topic": "u", "partition": 0, "offset": count if at is None else at}], "feature_hash": "",
+            "drift_trace": 0.0, "drift_norm": 0.0, **extra,
         }  # fmt: skip
 
     table = PosteriorTable("default", "main", ["route"])
@@ -425,9 +425,19 @@ def test_posterior_table_keeps_the_latest_state_per_arm_and_skips_foreign_shards
     table.mark("route")
     assert table.new_updates("route") == 0
 
+    # A model reset lowers the count further along the partition: the later state wins and the
+    # domain is due; the state from before the reset, delivered again, does not come back.
+    assert table.put(shard("small", 2, at=60)) and table.new_updates("route") == 2
+    assert not table.put(shard("small", 30))
+    assert table.learned("route") == 2 + 30  # small after its reset, and medium
+    assert table.put(shard("small", 30, at=90)) and table.new_updates("route") == 2 + 28
+    table.mark("route")
+    # records without watermarks (older learners) are still ordered by their counts
+    assert table.put(shard("large", 5, watermark=[])) and not table.put(shard("large", 4, watermark=[]))
+
     policy, drift, offsets, skipped = policy_from_shards(domain_settings, table.shards("route"))
-    assert policy.arm_ids() == ["small"] and drift == {}
-    assert [tuple(o) for o in offsets] == [("u", 0, 30)]
+    assert policy.arm_ids() == ["large", "small"] and drift == {}
+    assert [tuple(o) for o in offsets] == [("u", 0, 90)]
     assert len(skipped) == 1 and "medium" in skipped[0] and "features" in skipped[0]
 
 

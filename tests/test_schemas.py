@@ -41,8 +41,8 @@ def _records(schema: object):
 
 #: fields the decision gained after version 1 (decoded with their defaults from older records)
 #: what the current update schema added after v4, with its default
-ADDED_SINCE_V4 = {"candidate_features": []}
-SINCE_V1 = ("recommended", "channel", "recommended_probabilities", "recommended_version", "candidate_features")
+ADDED_SINCE_V4 = {"candidate_features": [], "reset": False}
+SINCE_V1 = ("recommended", "channel", "recommended_probabilities", "recommended_version", "candidate_features", "reset")
 
 
 def v1_decision() -> dict:
@@ -124,7 +124,7 @@ def test_decision_history_holds_the_real_v2_with_recommended_and_without_channel
 
 
 def test_update_history_holds_the_real_v1_without_channel():
-    assert schemas.history("update") == [1, 2, 3, 4]
+    assert schemas.history("update") == [1, 2, 3, 4, 5]
     v1_fields = [f["name"] for f in schemas.load("update", 1)["fields"]]
     v2 = {f["name"]: f for f in schemas.load("update", 2)["fields"]}
     assert "channel" not in v1_fields
@@ -133,11 +133,11 @@ def test_update_history_holds_the_real_v1_without_channel():
     assert len({schemas.fingerprint("update", v) for v in (1, 2, None)}) == 3
 
 
-def test_update_v4_is_the_current_without_candidate_features_and_reads_as_current_with_none():
+def test_update_v4_is_v5_without_candidate_features_and_reads_as_current_with_none():
     v4 = schemas.load("update", 4)
-    current = schemas.load("update")
-    assert [f["name"] for f in v4["fields"]] == [f["name"] for f in current["fields"]][:-1]
-    assert current["fields"][-1]["name"] == "candidate_features" and current["fields"][-1]["default"] == []
+    v5 = schemas.load("update", 5)
+    assert [f["name"] for f in v4["fields"]] == [f["name"] for f in v5["fields"]][:-1]
+    assert v5["fields"][-1]["name"] == "candidate_features" and v5["fields"][-1]["default"] == []
     writer, reader = AvroSerde("update", framing="single_object", version=4), AvroSerde("update", framing="single_object")
     update = {f["name"]: f.get("default") for f in v4["fields"]}
     update.update(event_id="e", tenant="t", workspace="w", domain="d", arm="a", arm_index=0, actions=["a"], probabilities=[1.0],
@@ -147,6 +147,18 @@ def test_update_v4_is_the_current_without_candidate_features_and_reads_as_curren
     assert decoded["candidate_features"] == [] and decoded["reward"] == 0.5
     rows = [[1.0, 0.5], [1.0, -0.25]]
     assert reader.decode(reader.encode({**update, "candidate_features": rows}))["candidate_features"] == rows
+
+
+def test_update_v6_adds_only_the_reset_marker_and_old_records_read_as_not_reset():
+    v5, current = schemas.load("update", 5), schemas.load("update")
+    assert [f["name"] for f in v5["fields"]] == [f["name"] for f in current["fields"]][:-1]
+    assert current["fields"][-1] == {**current["fields"][-1], "name": "reset", "type": "boolean", "default": False}
+    writer, reader = AvroSerde("update", framing="single_object", version=5), AvroSerde("update", framing="single_object")
+    update = {f["name"]: f.get("default") for f in v5["fields"]}
+    update.update(event_id="e", domain="d", arm="a", arm_index=0, probability=1.0, features=[1.0], reward=0.5,
+                  join_status="rewarded", decision_time=1)
+    assert reader.decode(writer.encode(update))["reset"] is False
+    assert reader.decode(reader.encode({**update, "reset": True}))["reset"] is True
 
 
 def test_current_reader_reads_v1_single_object_data_with_recommended_defaulted():

@@ -1,6 +1,7 @@
 """``banditstream serve`` end to end on the real broker: its ranks reach the decisions topic,
 the rewards it is sent join them, the learner learns, the publisher signs a snapshot, and the
-same running service ranks with that snapshot, without a restart."""
+same running service ranks with that snapshot, without a restart. A model reset then starts
+the learning over: in the learner too, not only in the snapshot it publishes at once."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import json
 import random
 import time
 
+from banditstream.config import Settings
 from banditstream.serve import ServeApp
 from banditstream.workers import WorkerProcesses
 from publisher.cli_ops import generate_keys, load_keys
@@ -32,10 +34,10 @@ def rank(url: str, event_id: str, age: float) -> str:
     return body["rewardActionId"]
 
 
-def test_ranks_join_are_learned_and_the_running_service_ranks_with_the_new_snapshot(kafka, topics, tmp_path):
+def test_ranks_join_are_learned_the_running_service_ranks_with_the_new_snapshot_and_a_reset_starts_over(kafka, topics, tmp_path):
     ensure_topics(kafka, topics)
     keys = generate_keys(tmp_path / "keys")
-    settings = serve_settings(kafka, topics, tmp_path, keys.root_file.read_bytes(), allow_model_reset=False)
+    settings = serve_settings(kafka, topics, tmp_path, keys.root_file.read_bytes(), allow_model_reset=True)
     tree = json.loads(settings.model_dump_json())
     for secret in ("team-a", "team-b"):
         tree["serve"]["keys"][secret] = settings.serve.keys[secret].get_secret_value()
@@ -54,7 +56,7 @@ def test_ranks_join_are_learned_and_the_running_service_ranks_with_the_new_snaps
     try:
         for name in ("join", "learn", "publish"):
             workers.start(name, config)
-        server = ServerThread(ServeApp(settings, seed=7)).start()
+        server = ServerThread(ServeApp(Settings.model_validate(tree), seed=7)).start()  # with the publish keys (reset)
         rng = random.Random(7)
         for i in range(400):  # with the untrained snapshot, logged
             age = rng.random()
@@ -79,6 +81,25 @@ def test_ranks_join_are_learned_and_the_running_service_ranks_with_the_new_snaps
         warm = [d for _, d in H.read_topic(kafka, topics.decisions, "decision", expect=600, idle_s=2.0, timeout_s=60)
                 if d["event_id"].startswith("warm-")]
         assert len(warm) == 200 and {d["policy_version"] for d in warm} == {decider.policy_version} != {first}
+
+        # A model reset: the priors are published at once (a new minor version) ...
+        learned = decider.policy_version
+        status, _, body = call("DELETE", f"{server.url}{V1}/model")
+        assert status == 204, body
+        reset = decider.policy_version
+        assert decider.active_policy.samples == 0 and reset.split(".")[:2] == [learned.split(".")[0], str(int(learned.split(".")[1]) + 1)]
+        # ... and the learners start over at their markers: what is published next has learned
+        # the events after the reset only, not the 600 before it.
+        for i in range(100):
+            age = rng.random()
+            chosen = rank(server.url, f"after-{i}", age)
+            assert call("POST", f"{server.url}{V1}/events/after-{i}/reward", {"value": float(chosen == best(age))})[0] == 204
+        deadline = time.monotonic() + 120
+        while decider.policy_version == reset or decider.active_policy.samples != 100:
+            workers.check()
+            assert time.monotonic() < deadline, (decider.policy_version, decider.active_policy.samples, workers.tail("learn"))
+            time.sleep(0.5)
+        assert f"default/main/{DOMAIN} reset to its priors" in workers.log_path("learn").read_text()
     finally:
         if server is not None:
             server.stop()

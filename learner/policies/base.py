@@ -344,6 +344,12 @@ class Policy:
         """Ids of every arm this policy holds state for, in the order they entered."""
         return list(self._arms)
 
+    def add_arm(self, arm: Any) -> None:
+        """Hold state for ``arm`` from now on, at its prior (no-op for an arm already held)."""
+        if self._scoring_only:
+            raise ScoringOnlyError(f"{type(self).__name__} built from a scoring view holds no statistics")
+        self._slot_of(arm)
+
     def prior_of(self, arm: Any) -> Prior:
         return self.arm_priors.get(canonical_arm(arm), Prior(self.prior_mean, self.prior_strength))
 
