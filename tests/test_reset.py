@@ -189,3 +189,49 @@ def test_reset_markers_on_every_partition_reset_the_domain_in_the_learner_and_it
     updates, report = read_updates(kafka, topics.updates, serde)
     assert len(updates) == len(first) + len(second) and report.resets == topics.update_partitions
     assert not any(is_reset(u) for u in updates)
+
+
+@pytest.mark.parametrize("cuts", [(2199,), (2199, 2205)], ids=["published-before-the-marker", "and-after-it"])
+def test_a_shard_rebuilt_from_published_states_applies_a_marker_only_to_models_published_before_it(tmp_path, cuts):
+    """A rebuild resumes each model at its own watermark: a model published after the marker
+    (at 2200) already holds the reset and what it learned since, one published before it still
+    needs the reset."""
+    with_resets, _ = streams_with_and_without_resets()
+    whole, _, _ = fold(tmp_path / "whole", with_resets)
+
+    # The previous owner publishes everything at the first cut, then at each later one what
+    # changed since (every route model, through its reset), and is lost.
+    with PosteriorStore(tmp_path / "old") as store:
+        old = ShardLearner(0, "u", DOMAINS, store.shard(0), block_size=64, window_blocks=4, start=0)
+        published = {}
+        for cut in cuts:
+            for offset in range(old.position, cut):
+                old.feed(offset, with_resets[offset])
+            keys = old.keys() if not published else sorted(old.dirty)
+            published.update({m.key: (m.state, cut) for m in old.snapshot(keys)})
+            old.dirty.clear()
+    floors = {key: watermark for key, (_, watermark) in published.items()}
+    assert {floors[k] for k in floors if k.domain == "route"} == {cuts[-1]}
+    assert min(floors.values()) == 2199  # so the rebuilt shard reads the marker again
+    learned_since = [o for o in range(2201, cuts[-1]) if with_resets[o] and with_resets[o].key.domain == "route"]
+    assert bool(learned_since) == (len(cuts) > 1)  # rows a second reset would lose
+
+    with PosteriorStore(tmp_path / "new") as store:
+        new = ShardLearner(0, "u", DOMAINS, store.shard(0), block_size=64, window_blocks=4, start=min(floors.values()),
+                           floors=floors, persist_from=max(floors.values()))  # fmt: skip
+        for key, (state, _) in published.items():
+            new.load_published(key, state.policy, state.dimension, state.feature_hash, state.state)
+        for offset in range(new.warm_offset(), len(with_resets)):
+            new.feed(offset, with_resets[offset])
+        rebuilt = {m.key: m.state for m in new.snapshot(new.keys())}
+
+    # Exact in what was learned (every update once, the 2200 reset once); the statistics agree to
+    # rounding, since the old owner's trailing block was cut where it published.
+    assert {k: s.update_count for k, s in rebuilt.items()} == {k: count for k, (count, _) in whole.items()}
+    settings = h.domain_settings()
+    for key, state in rebuilt.items():
+        mine, theirs = settings[key.domain].make_policy(), settings[key.domain].make_policy()
+        mine.load_arm_state(key.arm, state.state)
+        theirs.load_arm_state(key.arm, whole[key][1])
+        for name, value in theirs.arm_statistics(key.arm).items():
+            np.testing.assert_allclose(mine.arm_statistics(key.arm)[name], value, rtol=1e-9, atol=1e-9, err_msg=f"{key} {name}")
