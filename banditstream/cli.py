@@ -463,6 +463,22 @@ def snapshot_reset(
     console.print(done["message"], highlight=False)
 
 
+@snapshot_app.command("ack-drift")
+def snapshot_ack_drift(
+    domain: str = typer.Option(..., "--domain", help="The domain whose flagged drift to accept."),
+    note: str = typer.Option("", "--note", help="Why (kept in the audit log)."),
+    tenant: Optional[str] = TENANT,
+    workspace: Optional[str] = WORKSPACE,
+) -> None:
+    """Accept the drift the publisher's guard flags: it judges from the data of the next snapshot on."""
+    settings = state.settings()
+    if domain not in settings.domains:
+        raise ConfigError(f"--domain: {domain!r} is not a configured domain (known: {', '.join(sorted(settings.domains)) or 'none'})")
+    at = settings.publisher(tenant=tenant, workspace=workspace).repository(domain).acknowledge_drift(note)
+    console.print(f"{domain}: drift acknowledged at {at.isoformat(timespec='seconds')}; the next snapshot's data is the new "
+                  "reference", highlight=False)  # fmt: skip
+
+
 @snapshot_app.command("gate")
 def snapshot_gate(
     domain: str = typer.Option(..., "--domain", help="The domain whose canary to judge."),

@@ -84,8 +84,10 @@ class PublishSettings(ConfigSection):
     channels: tuple[Literal["canary", "stable"], ...] = ("canary", "stable")
     keep_versions: int = Field(10, ge=1)
     min_samples: int = Field(1, ge=0)
-    drift_factor: float = Field(2.0, gt=1.0)
-    on_drift: Literal["abort", "flag"] = "abort"
+    drift_factor: float = Field(2.0, gt=1.0, description="a context feature's spread may change, its share fall, by this factor")
+    drift_shift: float = Field(1.0, gt=0, description="a context feature's mean may move by this many standard deviations")
+    drift_window: int = Field(1000, ge=1, description="decisions compared: the newest window and its reference each")
+    on_drift: Literal["abort", "flag"] = Field("abort", description="hold a drifted snapshot back, or publish it flagged")
     timestamp_expiry_s: float = Field(86_400.0, gt=0)
 
 
@@ -294,7 +296,8 @@ class Settings(ConfigSection):
         p = self.publish
         return PublisherConfig(
             repository=RepositoryConfig(keep_versions=p.keep_versions, timestamp_expiry=timedelta(seconds=p.timestamp_expiry_s)),
-            guards=GuardConfig(min_samples=p.min_samples, drift_factor=p.drift_factor, on_drift=p.on_drift),
+            guards=GuardConfig(min_samples=p.min_samples, drift_factor=p.drift_factor, drift_shift=p.drift_shift,
+                               drift_window=p.drift_window, on_drift=p.on_drift),
             channels=tuple(p.channels),
         )
 

@@ -30,9 +30,10 @@ What ``decide`` does, in order (microseconds; no network, no locks on the hot pa
    dropped before choosing (costs and latencies are tracked from the signals passed to
    :meth:`reward` and :meth:`observe`).
 4. **Snapshot.** The policy of the channel's newest verified snapshot, swapped in atomically
-   by a background refresh. No snapshot, an expired one, or one whose drift flag is set: the
-   ``fallback`` policy (a local warm start) decides if given, else the baseline, and the
-   fallback is counted by reason.
+   by a background refresh; a new snapshot whose drift flag is set is declined while an
+   unflagged one is held (the last good snapshot keeps deciding, and the refresh says so once).
+   No snapshot, an expired one, or only a drift-flagged one: the ``fallback`` policy (a local
+   warm start) decides if given, else the baseline, and the fallback is counted by reason.
 5. **Choice.** The policy's full distribution (exploration floor included) and a draw. In
    ``shadow`` mode the baseline acts, and the policy's distribution and version are logged as
    the recommendation (``recommended_probabilities``, ``recommended_version``).
@@ -107,6 +108,7 @@ class ActivePolicy:
     #: epoch seconds after which the snapshot must not be used (its metadata expired)
     expires_at: float = math.inf
     drift_flag: bool = False
+    drift_reason: str = ""
     created_at: float = field(default_factory=time.time)
     #: updates the snapshot's state has learned from
     samples: int = 0
@@ -158,6 +160,7 @@ class PulledSnapshots:
             encoder=FeatureEncoder(snapshot.features(), snapshot.frozen_normalizer()),
             expires_at=loaded.expires.timestamp(),
             drift_flag=snapshot.drift_flag,
+            drift_reason=snapshot.drift_reason,
             created_at=snapshot.created_at / 1000,
             samples=int(getattr(snapshot, "samples", 0)),
         )
@@ -339,6 +342,8 @@ class Decider:
         self._remember = remember_decisions
         self._active: ActivePolicy | None = None
         self._fallback = fallback
+        #: per channel, the drift-flagged version last declined (it is said once)
+        self._drift_held: dict[str, str] = {}
         self._canary: ActivePolicy | None = None
         self._shadow: ActivePolicy | None = None
         self.canary_share = self.settings.promotion.canary_share if canary_share is None else canary_share
@@ -635,6 +640,13 @@ class Decider:
             return False
         current = self._held(channel)
         if fresh is None or (current is not None and fresh.version == current.version):
+            self._update_age()
+            return False
+        if fresh.drift_flag and current is not None and not current.drift_flag:
+            if self._drift_held.get(channel) != fresh.version:  # said once per flagged version
+                self._drift_held[channel] = fresh.version
+                log.warning("%s snapshot %s of %s is flagged for drift (%s): keeping %s", channel, fresh.version,
+                            self.domain, fresh.drift_reason or "no reason given", current.version)  # fmt: skip
             self._update_age()
             return False
         _warm(fresh)

@@ -75,7 +75,7 @@ def publish(work: Path, arms: list[str]) -> None:
                   for a in rng.uniform(0, 1, 2000)])  # fmt: skip
     policy.update_batch(X, [arms[i] for i in rng.integers(0, len(arms), len(X))], rng.uniform(0, 1, len(X)).tolist())
     publisher = Publisher(DirectoryStore(work / "snapshots"), keys, root, domains={DOMAIN: settings},
-                          config=PublisherConfig(guards=GuardConfig(min_samples=1, drift_warmup=0)))  # fmt: skip
+                          config=PublisherConfig(guards=GuardConfig(min_samples=1)))  # fmt: skip
     publisher.publish(DOMAIN, policy)
 
 

@@ -142,9 +142,9 @@ class NonFiniteState(GuardFailed):
 class DriftGuardFailed(GuardFailed):
     reason: ClassVar[str] = "drift"
 
-    def __init__(self, message: str, *, subject: str = "", arms: tuple[str, ...] = ()) -> None:
+    def __init__(self, message: str, *, subject: str = "", features: tuple[str, ...] = ()) -> None:
         super().__init__(message, subject=subject)
-        self.arms = arms
+        self.features = features  # the context features that drifted
 
 
 class TooFewSamples(GuardFailed):

@@ -3,9 +3,10 @@
 :meth:`Publisher.publish` runs the steps in order, each a named method:
 
 1. ``_build``: the snapshot of the policy (scoring view, arms, configs, provenance);
-2. ``_check_guards``: no NaN/inf, minimum samples, per-arm drift against the median of the
-   last published snapshots (:mod:`publisher.guards`); a failure aborts with a reason in the
-   log and ``banditstream_snapshot_guard_failures_total{reason=...}`` counted;
+2. ``_check_guards``: no NaN/inf, minimum samples, drift of the context features over every
+   decision against the data of the snapshots accepted before (:mod:`publisher.guards`); a
+   failure aborts with a reason in the log and ``banditstream_snapshot_guard_failures_total{reason=...}``
+   counted;
 3. ``_choose_version``: patch for more data, minor when the policy, its hyper-parameters or
    the feature/reward configuration changed, major when the state layout did;
 4. ``_upload``: serialise (Avro + zstd), add the target with its custom fields, sign and
@@ -50,8 +51,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from learner.domain import DomainSettings
 from learner.features import Normalizer
 from learner.policies import Drift, Policy
-from publisher.errors import GuardFailed, MajorVersionError, RepositoryError, SnapshotFormatError, VersionConflict
-from publisher.guards import DriftHistory, GuardConfig, check, warmup_count
+from publisher.errors import DriftGuardFailed, GuardFailed, MajorVersionError, RepositoryError, SnapshotFormatError, VersionConflict
+from publisher.guards import FeatureHistory, GuardConfig, check
 from publisher.repository import CHANNELS, Commit, Head, Repository, RepositoryConfig, TargetEntry
 from publisher.signing import KeyRing
 from publisher.snapshot import STATE_MAJOR, SemVer, Snapshot, SourceOffset, git_commit
@@ -178,7 +179,9 @@ class Publisher:
         self.clock = clock
         self.commit = self.config.git_commit if self.config.git_commit is not None else git_commit()
         self._repositories: dict[str, Repository] = {}
-        self._history: dict[str, DriftHistory] = {}
+        self._history: dict[str, FeatureHistory] = {}
+        #: per domain, the drift acknowledgement its history starts from
+        self._acknowledged: dict[str, datetime | None] = {}
 
     def repository(self, domain: str) -> Repository:
         """The domain's repository (created in the store on first commit)."""
@@ -264,31 +267,50 @@ class Publisher:
 
     def _check_guards(self, domain: str, repo: Repository, head: Head, snapshot: Snapshot, *, force: bool) -> Snapshot:
         guards = self.config.guards
-        history = self._drift_history(domain, repo, head)
         if force:  # an operator's override: only the finite guard still applies
-            guards, history = dataclasses.replace(guards, min_samples=0), DriftHistory(guards.history)
-        result = check(snapshot.arms, snapshot.samples, history, guards, params=snapshot.params)
-        if result.ok:
+            guards, history = dataclasses.replace(guards, min_samples=0), FeatureHistory(guards)
+        else:
+            history = self._drift_history(domain, repo, head)
+        try:
+            result = check(snapshot.arms, snapshot.samples, history, guards, snapshot.normalizer)
+        except DriftGuardFailed:
+            if not self._newly_acknowledged(domain, repo, history, snapshot):
+                raise
+            return snapshot
+        if result.ok or self._newly_acknowledged(domain, repo, history, snapshot):
             return snapshot
         self.metrics.guard_failures.labels(domain, "drift").inc()
-        log.warning("%s: drift flagged, deciders will use their baseline: %s", domain, result.reason)
-        drifted = set(result.drifted)
-        arms = tuple(a._replace(drifted=a.arm in drifted) for a in snapshot.arms)
-        return snapshot.replace(arms=arms, drift_flag=True, drift_reason=result.reason)
+        log.warning("%s: drift flagged (deciders holding an unflagged snapshot keep it): %s", domain, result.reason)
+        return snapshot.replace(drift_flag=True, drift_reason=result.reason)
 
-    def _drift_history(self, domain: str, repo: Repository, head: Head) -> DriftHistory:
-        """Per-arm statistics of the last published snapshots, read once from the repository."""
+    def _newly_acknowledged(self, domain: str, repo: Repository, history: FeatureHistory, snapshot: Snapshot) -> bool:
+        """Whether an operator acknowledged the domain's drift since its history was read; if
+        so, the history starts over from this snapshot's data."""
+        acknowledged = repo.drift_acknowledged_at()
+        if acknowledged is None or acknowledged == self._acknowledged.get(domain):
+            return False
+        self._acknowledged[domain] = acknowledged
+        history.acknowledge(snapshot.normalizer)
+        log.warning("%s: drift acknowledged at %s: judging from this snapshot's data on", domain, acknowledged.isoformat())
+        return True
+
+    def _drift_history(self, domain: str, repo: Repository, head: Head) -> FeatureHistory:
+        """The data of the kept snapshots the guard accepted, read once from the repository:
+        unflagged ones, since the last drift acknowledgement."""
         history = self._history.get(domain)
         if history is None:
-            guards = self.config.guards
-            history = DriftHistory(guards.history, per_sample=guards.per_sample)
-            for entry in head.entries()[-guards.history :]:
+            history = FeatureHistory(self.config.guards)
+            acknowledged = self._acknowledged[domain] = repo.drift_acknowledged_at()
+            for entry in head.entries()[-self.config.guards.history :]:
+                if entry.custom.get("drift_flag"):
+                    continue
                 try:
                     old = Snapshot.from_bytes(repo.fetch(entry))
                 except (SnapshotFormatError, MajorVersionError, RepositoryError) as exc:
                     log.warning("%s: %s left out of the drift history: %s", domain, entry.version, exc)
                     continue
-                self._record_history(history, old)
+                if acknowledged is None or old.created_at >= acknowledged.timestamp() * 1000:
+                    history.accept(old.normalizer)
             self._history[domain] = history
         return history
 
@@ -335,13 +357,10 @@ class Publisher:
         return PublishResult(snapshot.domain, snapshot.version, commit.entry, commit, snapshot, len(blob))
 
     def _remember(self, snapshot: Snapshot) -> None:
+        """A published snapshot's data becomes part of the reference, unless it was flagged."""
         history = self._history.get(snapshot.domain)
-        if history is not None:
-            self._record_history(history, snapshot)
-
-    def _record_history(self, history: DriftHistory, snapshot: Snapshot) -> None:
-        gamma = float(snapshot.params.get("gamma", 1.0))
-        history.record(snapshot.arms, gamma=gamma, min_count=warmup_count(self.config.guards, snapshot.dimension))
+        if history is not None and not snapshot.drift_flag:
+            history.accept(snapshot.normalizer)
 
     # --- rollback, restore, promote, refresh -----------------------------------------------------
 

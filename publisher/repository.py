@@ -343,6 +343,24 @@ class Repository:
             raise RepositoryError(f"{self.prefix}/{entry.blob_key} does not match its targets entry", subject=entry.path)
         return data
 
+    def drift_acknowledged_at(self) -> datetime | None:
+        """When an operator last acknowledged this domain's drift (None: never)."""
+        try:
+            data = json.loads(self.store.get(self._key("drift-ack.json")))
+        except ObjectNotFound:
+            return None
+        return datetime.fromisoformat(data["acknowledged_at"])
+
+    def acknowledge_drift(self, note: str = "") -> datetime:
+        """Record that the drift the guard flags is accepted: the guard judges from the data
+        the next snapshot carries on (see :mod:`publisher.guards`). Noted in the audit log."""
+        at = self.clock()
+        stamp = at.isoformat(timespec="milliseconds")
+        self.store.put(self._key("drift-ack.json"), json.dumps({"acknowledged_at": stamp, "note": note}).encode("utf-8"))
+        line = {"at": stamp, "event": "ack-drift", "note": note}
+        self.store.append(self.manifest_key, (json.dumps(line, sort_keys=True) + "\n").encode("utf-8"))
+        return at
+
     def manifest(self) -> list[dict[str, Any]]:
         """The audit log, one dict per line, oldest first."""
         try:

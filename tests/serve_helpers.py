@@ -89,7 +89,7 @@ def serve_config(kafka, topics, tmp_path: Path, root: bytes, **serve: Any) -> di
 def publish(tmp_path: Path, keys, root: bytes) -> str:
     store = DirectoryStore(tmp_path / "snapshots")
     publisher = Publisher(store, keys, root, domains={DOMAIN: domain_settings()},
-                          config=PublisherConfig(guards=GuardConfig(min_samples=1, drift_warmup=0)))  # fmt: skip
+                          config=PublisherConfig(guards=GuardConfig(min_samples=1)))  # fmt: skip
     return publisher.publish(DOMAIN, trained_policy()).version
 
 

@@ -75,6 +75,11 @@ def test_keys_then_list_verify_dump_promote_rollback_restore(tmp_path):
     assert restored.returncode == 0, restored.stderr
     assert "restored route" in restored.stdout
 
+    acknowledged = _cli(tmp_path, "snapshot", "ack-drift", "--domain", "route", "--note", "new tokenizer")
+    assert acknowledged.returncode == 0 and "drift acknowledged" in acknowledged.stdout, acknowledged.stderr
+    manifest = (tmp_path / ".banditstream" / "snapshots" / "default" / "main" / "route" / "manifest.jsonl").read_text()
+    assert json.loads(manifest.splitlines()[-1])["note"] == "new tokenizer"
+
     unknown = _cli(tmp_path, "snapshot", "rollback", "--domains", "nope")
     assert unknown.returncode == 2 and "unknown domain" in unknown.stderr
 

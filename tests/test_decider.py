@@ -67,6 +67,31 @@ def test_no_snapshot_expired_or_drifting_falls_back_to_the_baseline_and_counts_w
     assert counts == {"no_snapshot": 1.0, "expired": 1.0, "drift": 1.0}
 
 
+class _Queue:
+    """A snapshot source that hands out the snapshots given, one per refresh."""
+
+    def __init__(self, *snapshots: ActivePolicy) -> None:
+        self.snapshots = list(snapshots)
+
+    def latest(self) -> ActivePolicy | None:
+        return self.snapshots.pop(0) if len(self.snapshots) > 1 else self.snapshots[0]
+
+
+def test_a_drift_flagged_snapshot_is_declined_while_a_good_one_is_held(caplog):
+    good, flagged = _active("1.0.3"), _active("1.0.4", best="haiku", drift_flag=True, drift_reason="feature 'c:tokens' moved")
+    decider = Decider("routing", settings=SETTINGS, seed=1, repository=_Queue(good, flagged))  # refreshes once
+    assert decider.policy_version == "1.0.3"
+    with caplog.at_level("WARNING"):
+        assert not decider.refresh() and not decider.refresh()
+    d = decider.decide({"tokens": 1.0}, ARMS)
+    # the last good snapshot keeps deciding, exploring as it did: no baseline, no fallback
+    assert (d.policy_version, d.fallback) == ("1.0.3", None) and d.probabilities[ARMS.index("llama-70b")] == max(d.probabilities)
+    assert caplog.text.count("1.0.4 of routing is flagged for drift (feature 'c:tokens' moved): keeping 1.0.3") == 1
+    # with nothing good held, a flagged snapshot is used only as far as the baseline goes
+    alone = Decider("routing", settings=SETTINGS, seed=1, repository=_Queue(flagged))
+    assert alone.policy_version == "1.0.4" and alone.decide({"tokens": 1.0}, ARMS).fallback == "drift"
+
+
 def test_modes_off_and_shadow_act_on_the_baseline():
     off = Decider("routing", settings=SETTINGS, mode="off")
     off.use(_active("1"))

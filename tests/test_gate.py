@@ -55,7 +55,7 @@ def uniform_log(n: int, seed: int, since_ms: int) -> list[dict]:
 @pytest.fixture
 def repo(tmp_path, keys, root):
     store = DirectoryStore(tmp_path / "repo")
-    config = PublisherConfig(guards=GuardConfig(min_samples=1, drift_warmup=0), channels=("canary",))
+    config = PublisherConfig(guards=GuardConfig(min_samples=1), channels=("canary",))
     return store, Publisher(store, keys, root, domains={"route": settings()}, config=config)
 
 
@@ -167,7 +167,7 @@ def test_snapshot_gate_reads_the_updates_topic_and_rolls_a_worse_canary_back(kaf
     cli_ops.generate_keys(tmp_path / "keys")
     keys, root = cli_ops.load_keys(tmp_path / "keys")
     store = DirectoryStore(tmp_path / "snapshots")
-    config = PublisherConfig(guards=GuardConfig(min_samples=1, drift_warmup=0), channels=("canary",))
+    config = PublisherConfig(guards=GuardConfig(min_samples=1), channels=("canary",))
     publisher = Publisher(store, keys, root, domains={"route": settings()}, config=config)
     publisher.publish("route", trained(THETA * np.array([[1, 0, 1, 1]]), seed=1), channels=("canary", "stable"))
     worse = publisher.publish("route", trained(-THETA, seed=2))

@@ -71,7 +71,7 @@ def wait_for(what: str, done, timeout_s: float, step=None):
 def test_the_worker_rolls_a_worse_canary_back_and_promotes_a_better_one_while_an_sdk_follows(kafka, topics, tmp_path, keys, root):
     ensure_topics(kafka, topics)
     store = DirectoryStore(tmp_path / "snapshots")
-    pconfig = PublisherConfig(guards=GuardConfig(min_samples=1, drift_warmup=0))
+    pconfig = PublisherConfig(guards=GuardConfig(min_samples=1))
     publisher = Publisher(store, keys, root, domains={"route": domain()}, config=pconfig)
     stable = publisher.publish("route", trained(1.0, use_x1=False, seed=1), channels=("canary", "stable"))  # mediocre: always c
 
@@ -135,7 +135,7 @@ def test_a_gated_domain_publishes_to_the_canary_only_and_holds_while_a_canary_wa
     channels, later ones to the canary, none while a canary awaits the gate's verdict."""
     ensure_topics(kafka, topics)
     store = DirectoryStore(tmp_path / "snapshots")
-    pconfig = PublisherConfig(guards=GuardConfig(min_samples=1, drift_warmup=0))
+    pconfig = PublisherConfig(guards=GuardConfig(min_samples=1))
     settings = Settings.model_validate({"kafka": kafka.model_dump(), "topics": topics.model_dump(),
                                         "domains": {"route": domain().model_dump(mode="json")}})
     worker = _PublisherWorker(settings.worker_config(), PublisherSettings(store, keys, root, config=pconfig), None)
@@ -172,7 +172,7 @@ def test_a_gated_domain_publishes_to_the_canary_only_and_holds_while_a_canary_wa
 def test_a_reset_of_a_gated_domain_goes_to_the_canary_and_of_an_ungated_one_to_every_channel(tmp_path, keys, root):
     """Personalizer's model reset publishes the priors; on a gated domain the gate judges it first."""
     store = DirectoryStore(tmp_path / "snapshots")
-    pconfig = PublisherConfig(guards=GuardConfig(min_samples=1, drift_warmup=0))
+    pconfig = PublisherConfig(guards=GuardConfig(min_samples=1))
     publisher = Publisher(store, keys, root, domains={"route": domain(), "plain": domain(None)}, config=pconfig)
     for name in ("route", "plain"):
         publisher.publish(name, trained(1.0, seed=2), channels=("canary", "stable"))

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from learner.domain import DomainSettings
+from learner.features import Normalizer
 from learner.policies import Policy
 from publisher import cli_ops
 from publisher.errors import (
@@ -61,7 +62,7 @@ def store(tmp_path) -> DirectoryStore:
 
 
 def make_publisher(store, keys, root, *, domains=None, **config) -> Publisher:
-    guards = config.pop("guards", GuardConfig(min_samples=1, drift_warmup=0))
+    guards = config.pop("guards", GuardConfig(min_samples=1))
     return Publisher(
         store, keys, root, domains=domains or {"route": settings()}, config=PublisherConfig(guards=guards, **config)
     )
@@ -157,28 +158,64 @@ def test_guard_minimum_samples_aborts(store, keys, root):
     assert publisher.repository("route").versions() == []
 
 
-def test_guard_drift_aborts_when_an_arms_statistics_leave_their_band(store, keys, root, caplog):
-    guards = GuardConfig(min_samples=1, drift_factor=2.0, drift_warmup=5)
+def observed(normalizer: Normalizer, n: int, *, seed: int, tokens: tuple[float, float] = (5.0, 1.0), region: bool = True) -> Normalizer:
+    """``n`` more decisions' context features counted, as the join counts every decision's."""
+    rng = np.random.default_rng(seed)
+    for value in rng.normal(*tokens, size=n):
+        normalizer.observe("c:tokens", float(value))
+        if region:
+            normalizer.observe("c:region", float(rng.integers(0, 4)))
+    return normalizer
+
+
+def test_guard_drift_judges_the_context_features_of_every_decision_until_acknowledged(store, keys, root, caplog):
+    guards = GuardConfig(min_samples=1, drift_window=500)
     publisher = make_publisher(store, keys, root, guards=guards)
-    policy = learn(settings().make_policy(), n=600)
-    publisher.publish("route", policy)
-    learn(policy, n=300, seed=1)
-    assert publisher.publish("route", policy).version == "1.0.1"  # more of the same data: within the band
+    policy, totals = learn(settings().make_policy(), n=600), Normalizer()
+    for seed in range(4):  # 2,000 decisions of one context distribution: the reference builds up
+        publisher.publish("route", policy, normalizer=observed(totals, 500, seed=seed))
+    # An arm's own statistics jump (here, each arm is shown contexts 8x as large): what a policy
+    # does when it changes which contexts an arm sees. The decisions' contexts did not change.
+    learn(policy, n=3000, seed=2, scale=8.0)
+    assert publisher.publish("route", policy, normalizer=observed(totals, 500, seed=4)).version == "1.0.4"
 
-    learn(policy, n=3000, seed=2, scale=8.0)  # a feature's scale changed upstream: ||A|| per sample jumps
+    # The contexts change upstream: tokens' mean moves by 4 standard deviations.
     with caplog.at_level(logging.WARNING), pytest.raises(DriftGuardFailed) as err:
-        publisher.publish("route", policy)
-
-    assert set(err.value.arms) == set(ARMS) and "spectral_norm" in str(err.value)
+        publisher.publish("route", policy, normalizer=observed(totals, 500, seed=5, tokens=(9.0, 1.0)))
+    assert err.value.features == ("c:tokens",) and "reference standard deviations" in str(err.value)
     assert metric(publisher, "banditstream_snapshot_guard_failures_total", domain="route", reason="drift") == 1
     assert "drift guard" in caplog.text
-    assert [str(e.version) for e in publisher.repository("route").versions()] == ["1.0.0", "1.0.1"]
+    assert str(publisher.repository("route").latest().version) == "1.0.4"  # the last good one stays
 
-    # A fresh publisher reads the same history back from the repository and agrees.
+    # A fresh publisher reads the accepted history back from the repository and agrees; flagging,
+    # it publishes, and the flagged snapshot does not become a reference: the next is flagged too.
     flagging = make_publisher(store, keys, root, guards=dataclasses.replace(guards, on_drift="flag"))
-    flagged = flagging.publish("route", policy)
-    assert flagged.snapshot.drift_flag and all(a.drifted for a in flagged.snapshot.arms)
-    assert flagged.entry.custom["drift_flag"] is True
+    flagged = flagging.publish("route", policy, normalizer=observed(totals, 500, seed=6, tokens=(9.0, 1.0)))
+    assert flagged.snapshot.drift_flag and flagged.entry.custom["drift_flag"] is True and "c:tokens" in flagged.snapshot.drift_reason
+    assert flagging.publish("route", policy, normalizer=observed(totals, 500, seed=7, tokens=(9.0, 1.0))).snapshot.drift_flag
+
+    # Acknowledged, the guard judges from the current data on: the new normal passes, in this
+    # publisher and in one started afterwards.
+    flagging.repository("route").acknowledge_drift("the new tokenizer")
+    assert not flagging.publish("route", policy, normalizer=observed(totals, 500, seed=8, tokens=(9.0, 1.0))).snapshot.drift_flag
+    assert not flagging.publish("route", policy, normalizer=observed(totals, 500, seed=9, tokens=(9.0, 1.0))).snapshot.drift_flag
+    later = make_publisher(store, keys, root, guards=guards)
+    assert not later.publish("route", policy, normalizer=observed(totals, 600, seed=10, tokens=(9.0, 1.0))).snapshot.drift_flag
+    assert [line["note"] for line in later.repository("route").manifest() if line["event"] == "ack-drift"] == ["the new tokenizer"]
+
+
+def test_guard_drift_names_a_feature_that_went_missing_or_changed_its_spread(store, keys, root):
+    publisher = make_publisher(store, keys, root, guards=GuardConfig(min_samples=1, drift_window=500, on_drift="flag"))
+    policy, totals = learn(settings().make_policy()), Normalizer()
+    for seed in range(3):
+        publisher.publish("route", policy, normalizer=observed(totals, 500, seed=seed))
+    missing = publisher.publish("route", policy, normalizer=observed(totals, 500, seed=3, region=False)).snapshot
+    assert missing.drift_flag and "'c:region': in 0.0% of the decisions" in missing.drift_reason
+    wider = publisher.publish("route", policy, normalizer=observed(totals, 500, seed=4, tokens=(5.0, 3.0))).snapshot
+    assert wider.drift_flag and "'c:tokens': standard deviation" in wider.drift_reason
+    # Statistics that restarted (a join partition lost its totals) are no drift: judging starts over.
+    restarted = publisher.publish("route", policy, normalizer=observed(Normalizer(), 500, seed=5)).snapshot
+    assert not restarted.drift_flag
 
 
 # --- channels, rollback, retention, audit log ----------------------------------------------------

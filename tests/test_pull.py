@@ -55,7 +55,7 @@ class Repo:
         assert self.client.refresh().version == "1.0.0"
 
     def make_publisher(self, **kwargs):
-        config = PublisherConfig(guards=GuardConfig(min_samples=1, drift_warmup=0))
+        config = PublisherConfig(guards=GuardConfig(min_samples=1))
         return Publisher(self.store, kwargs.pop("keys", self.keys), self.root, domains={"route": SETTINGS}, config=config, **kwargs)
 
     def publish(self, seed: int = 1):

@@ -49,7 +49,7 @@ def test_ranks_join_are_learned_the_running_service_ranks_with_the_new_snapshot_
 
     (tmp_path / "logs").mkdir()
     untrained = Publisher(DirectoryStore(tmp_path / "snapshots"), *load_keys(tmp_path / "keys"), domains={DOMAIN: domain_settings()},
-                          config=PublisherConfig(guards=GuardConfig(min_samples=0, drift_warmup=0)))  # fmt: skip
+                          config=PublisherConfig(guards=GuardConfig(min_samples=0)))  # fmt: skip
     first = untrained.publish(DOMAIN, domain_settings().make_policy()).version  # it explores (eps0 0.2)
     workers = WorkerProcesses(tmp_path / "logs")
     server = None

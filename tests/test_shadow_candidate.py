@@ -221,7 +221,7 @@ def test_a_shadow_snapshot_is_rated_from_the_joined_log_as_the_snapshot_itself_a
     ensure_topics(kafka, topics)
     store = DirectoryStore(tmp_path / "snapshots")
     publisher = Publisher(store, keys, root, domains={"route": domain(promotion=None)},
-                          config=PublisherConfig(guards=GuardConfig(min_samples=1, drift_warmup=0)))
+                          config=PublisherConfig(guards=GuardConfig(min_samples=1)))
     stable = publisher.publish("route", trained(1.0, use_x1=False, seed=1), channels=("stable",))  # mostly c: ~0.28
     shadow = publisher.publish("route", trained(1.0, use_x1=True, seed=2), channels=("canary",))  # follows x1: ~0.49
 

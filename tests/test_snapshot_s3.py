@@ -18,7 +18,7 @@ from publisher.stores import S3Store, open_store
 
 SETTINGS = DomainSettings(policy="lin_ts", params={"seed": 1}, features={"dimension": 8})
 ARMS = ["gpt", "small", "local"]
-CONFIG = PublisherConfig(guards=GuardConfig(min_samples=1, drift_warmup=0))
+CONFIG = PublisherConfig(guards=GuardConfig(min_samples=1))
 
 
 def learned(seed: int):

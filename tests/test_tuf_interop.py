@@ -36,7 +36,7 @@ def served(tmp_path):
     keys = KeyRing.generate()
     root = create_root(keys)
     store = DirectoryStore(tmp_path / "www")
-    publisher = Publisher(store, keys, root, domains={"route": SETTINGS}, config=PublisherConfig(guards=GuardConfig(min_samples=1, drift_warmup=0)))
+    publisher = Publisher(store, keys, root, domains={"route": SETTINGS}, config=PublisherConfig(guards=GuardConfig(min_samples=1)))
     policy = SETTINGS.make_policy()
     rng = np.random.default_rng(0)
     for _ in range(2):

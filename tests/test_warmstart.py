@@ -67,7 +67,7 @@ def test_a_snapshot_that_fails_verification_leaves_the_local_warm_start_deciding
     trusted, other = KeyRing.generate(), KeyRing.generate()
     (tmp_path / "root.json").write_bytes(create_root(trusted))
     store = DirectoryStore(tmp_path / "snapshots")
-    config = PublisherConfig(guards=GuardConfig(min_samples=0, drift_warmup=0))
+    config = PublisherConfig(guards=GuardConfig(min_samples=0))
     Publisher(store, other, create_root(other), domains={"route": SETTINGS}, config=config).publish("route", SETTINGS.make_policy())
     client = SnapshotClient(store, tmp_path / "cache", tmp_path / "root.json", domain="route")
     decider = Decider("route", PulledSnapshots(client), settings=SETTINGS, fallback=local, seed=5, refresh_interval_s=3600)
