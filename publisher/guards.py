@@ -66,8 +66,8 @@ class GuardConfig:
     drift_shift: float = 1.0
     #: Decisions in a window: the newest one and its reference each need this many.
     drift_window: int = 1000
-    #: Accepted snapshots whose totals are kept to find the windows in.
-    history: int = 50
+    #: At most this many accepted snapshots' totals are kept (fewer once they span two windows).
+    history: int = 1000
     #: What a drift failure does: hold the publish back, or publish with the drift flag set.
     on_drift: Literal["abort", "flag"] = "abort"
 
@@ -163,6 +163,10 @@ class FeatureHistory:
             self._totals.clear()  # the totals restarted: what came before no longer subtracts
         self._totals.append(totals)
         del self._totals[: -self.config.history]
+        # the oldest are let go once the rest still span a window and its reference
+        newest, span = _decisions(_totals(totals)), 2 * self.config.drift_window
+        while len(self._totals) > 2 and newest - _decisions(_totals(self._totals[1])) >= span:
+            del self._totals[0]
 
     def acknowledge(self, totals: Mapping[str, Any] | None) -> None:
         """An operator accepted what the guard flagged: judge from these totals on."""

@@ -218,6 +218,21 @@ def test_guard_drift_names_a_feature_that_went_missing_or_changed_its_spread(sto
     assert not restarted.drift_flag
 
 
+def test_guard_drift_finds_its_windows_across_many_small_publishes():
+    """Publishes of a few decisions each still add up to judged windows; the totals kept shrink
+    to what two windows need."""
+    from publisher.guards import FeatureHistory, check
+
+    config = GuardConfig(drift_window=100, on_drift="flag")
+    history, totals = FeatureHistory(config), Normalizer()
+    for seed in range(60):  # 600 decisions, published 10 at a time
+        history.accept(observed(totals, 10, seed=seed).export())
+    assert 3 <= len(history) <= 22  # 200 decisions' worth, and the one before
+    for seed in range(60, 70):
+        result = check((), 1, history, config, observed(totals, 10, seed=seed, tokens=(9.0, 1.0)).export())
+    assert result.drifted == ("c:tokens",)
+
+
 # --- channels, rollback, retention, audit log ----------------------------------------------------
 
 
