@@ -251,6 +251,12 @@ def _store(settings: Settings):
     return settings.snapshot_store()
 
 
+def _configured(settings: Settings, domain: str) -> None:
+    """Refuse a ``--domain`` the configuration does not declare, in one line."""
+    if domain not in settings.domains:
+        raise ConfigError(f"--domain: {domain!r} is not a configured domain (known: {', '.join(sorted(settings.domains)) or 'none'})")
+
+
 def _publisher_config(settings: Settings):
     return settings.publisher_config()
 
@@ -452,8 +458,7 @@ def snapshot_reset(
     from publisher.cli_ops import reset_model
 
     settings = state.settings()
-    if domain not in settings.domains:
-        raise ConfigError(f"--domain: {domain!r} is not a configured domain (known: {', '.join(sorted(settings.domains)) or 'none'})")
+    _configured(settings, domain)
     if not yes:
         raise ConfigError(f"--yes: a reset drops everything {domain!r} learned (the updates stay in the log); pass --yes to confirm")
     publisher = settings.publisher(tenant=tenant, workspace=workspace)
@@ -472,8 +477,7 @@ def snapshot_ack_drift(
 ) -> None:
     """Accept the drift the publisher's guard flags: it judges from the data of the next snapshot on."""
     settings = state.settings()
-    if domain not in settings.domains:
-        raise ConfigError(f"--domain: {domain!r} is not a configured domain (known: {', '.join(sorted(settings.domains)) or 'none'})")
+    _configured(settings, domain)
     at = settings.publisher(tenant=tenant, workspace=workspace).repository(domain).acknowledge_drift(note)
     console.print(f"{domain}: drift acknowledged at {at.isoformat(timespec='seconds')}; the next snapshot's data is the new "
                   "reference", highlight=False)  # fmt: skip
