@@ -106,6 +106,7 @@ SAMPLES = {
         "reward_time": 1_700_000_000_500,
         "weight": 1.0,
         "candidate_features": [[1.0, 0.5, -1.25], [0.5, -1.25, 3.0]],  # a shared model's: every candidate's row
+        "reset": False,
     },
     "posterior": {
         "tenant": "default",
