@@ -123,10 +123,12 @@ class Block(NamedTuple):
 
 
 class Drift(NamedTuple):
-    """Drift statistic of one arm for guards: trace of the posterior covariance and ``||A||_2``."""
+    """Drift statistics of one arm for guards and operators: trace of the posterior covariance,
+    ``||A||_2``, and how many times a change detector has flagged the arm (0 without one)."""
 
     cov_trace: float
     spectral_norm: float
+    alarms: int = 0
 
 
 def canonical_arm(arm: Any) -> str:
@@ -271,6 +273,10 @@ class Policy:
     def _drift(self, slot: int) -> Drift:
         raise NotImplementedError
 
+    def _alarms(self, slot: int) -> int:
+        """Times a change detector has flagged the arm in this slot (0 without one)."""
+        return 0
+
     def _scoring_shapes(self) -> dict[str, tuple[int, ...]]:
         """Shape of each per-arm scoring array; defaults to the statistics themselves."""
         return self._stat_shapes()
@@ -286,6 +292,20 @@ class Policy:
     def _cache_specs(self) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
         """Derived per-arm arrays (not serialised), e.g. factorisations."""
         return {}
+
+    def _detector_specs(self) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+        """Per-arm state of a change detector: serialised in both views, all or none (a blob
+        written without them loads with the detector fresh, at zeros), never a statistic."""
+        return {}
+
+    def _detect(
+        self, slots: np.ndarray, starts: np.ndarray, counts: np.ndarray, X: np.ndarray, r: np.ndarray, w: np.ndarray
+    ) -> np.ndarray | None:
+        """Run the change detector over a batch before it is learned (rows sorted by arm as in
+        :meth:`_accumulate`, ``w`` the raw weights); the factor ``keep`` in [0, 1] each arm's
+        statistics are discounted by toward their prior, ``S <- S0 + keep * (S - S0)``, before
+        the batch is added (1: not flagged), or None when no arm is flagged."""
+        return None
 
     def _reset_cache(self, slots: np.ndarray) -> None:
         """New arms are at their prior: set their derived arrays accordingly."""
@@ -427,6 +447,8 @@ class Policy:
         for name, value in self._prior_stats(self._arrays["pmean"][slots], self._arrays["pstrength"][slots]).items():
             self._arrays[name][slots] = value
         self._reset_cache(slots)
+        for name in self._detector_specs():
+            self._arrays[name][slots] = 0
         self._arms.append(arm)
         self._slot[arm] = slot  # published last: readers without the lock see a complete arm
         return slot
@@ -439,6 +461,7 @@ class Policy:
         }
         specs.update({name: (shape, np.dtype(np.float64)) for name, shape in self._stat_shapes().items()})
         specs.update(self._cache_specs())
+        specs.update(self._detector_specs())
         n = len(self._arms)
         arrays = {}
         for name, (shape, dtype) in specs.items():
@@ -509,9 +532,14 @@ class Policy:
             else:
                 rank_from_end = None
 
+        keep = self._detect(slots, starts, counts, X, r, w)  # on the model as the batch finds it
         if rank_from_end is not None:
             w = w * self.gamma ** rank_from_end
-            self._forget(slots, self.gamma ** counts.astype(np.float64))
+            decay = self.gamma ** counts.astype(np.float64)
+            self._forget(slots, decay if keep is None else decay * keep)
+        elif keep is not None:
+            flagged = keep < 1.0
+            self._forget(slots[flagged], keep[flagged])
         self._accumulate(slots, starts, counts, np.asarray(X), r, w)
         self._arrays["count"][slots] += counts
         self._invalidate(slots, counts)
@@ -596,8 +624,9 @@ class Policy:
     # --- guards and scoring view -----------------------------------------------------------------
 
     def drift(self, arm: Any) -> Drift:
-        """(trace of the posterior covariance, spectral norm of A) of one arm, for guards."""
-        return self._drift(self._existing_slot(arm))
+        """(trace of the posterior covariance, spectral norm of A, detector alarms) of one arm."""
+        slot = self._existing_slot(arm)
+        return self._drift(slot)._replace(alarms=self._alarms(slot))
 
     def scoring_arrays(self, arm: Any) -> dict[str, np.ndarray]:
         """What deciding needs of one arm, as plain arrays (e.g. ``theta`` and ``L``)."""
@@ -616,6 +645,9 @@ class Policy:
             stacked = {
                 name: np.stack([np.asarray(arms[a][name], dtype=np.float64) for a in ids]) for name in cls._scoring_names
             }
+            for name, (_, dtype) in policy._detector_specs().items():
+                if all(name in arms[a] for a in ids):
+                    stacked[name] = np.stack([np.asarray(arms[a][name], dtype=dtype) for a in ids])
             count = np.array([int(np.asarray(arms[a].get("count", 0))) for a in ids], dtype=np.int64)
             policy._load_view(slots, stacked, "scoring", count=count)
         return policy
@@ -627,7 +659,8 @@ class Policy:
         view._scoring_only = True
         for arm in self._arms:
             view._slot_of(arm)
-        view._load_view(slots, self._scoring_stack(slots), "scoring", count=self._arrays["count"][slots])
+        arrays = {**self._scoring_stack(slots), **self._detector_arrays(slots)}
+        view._load_view(slots, arrays, "scoring", count=self._arrays["count"][slots])
         return view
 
     @property
@@ -661,7 +694,11 @@ class Policy:
                 arrays[name] = pack_symmetric(value) if name in self._packed else value
             arrays.update(self._carried_arrays(slots))
         arrays["count"] = self._arrays["count"][slots]
+        arrays.update(self._detector_arrays(slots))
         return arrays
+
+    def _detector_arrays(self, slots: np.ndarray) -> dict[str, np.ndarray]:
+        return {name: self._arrays[name][slots] for name in self._detector_specs()}
 
     def _load_view(self, slots: np.ndarray, arrays: Mapping[str, np.ndarray], view: str, count: np.ndarray | None) -> None:
         """Check shapes and values of stacked arrays for ``slots`` against ``view`` and load them."""
@@ -671,12 +708,16 @@ class Policy:
             arrays = {**arrays, "count": np.asarray(count)}
         optional = self._carried_shapes() if view == "full" else {}
         carried = set(arrays) & set(optional)
-        if set(arrays) - carried != set(shapes) or carried not in (set(), set(optional)):
-            also = f" (and all or none of {sorted(optional)})" if optional else ""
+        detector = {name: shape for name, (shape, _) in self._detector_specs().items()}
+        detected = set(arrays) & set(detector)  # none: a blob from before the detector, which starts fresh
+        if set(arrays) - carried - detected != set(shapes) or carried not in (set(), set(optional)) or detected not in (
+            set(), set(detector)
+        ):
+            also = "".join(f" (and all or none of {sorted(group)})" for group in (optional, detector) if group)
             raise StateFormatError(
                 f"{self.name} {view} state needs arrays {sorted(shapes)}{also}, the blob has {sorted(arrays)}"
             )
-        shapes = {**shapes, **{name: optional[name] for name in carried}}
+        shapes = {**shapes, **{name: optional[name] for name in carried}, **{name: detector[name] for name in detected}}
         for name, shape in shapes.items():
             value = arrays[name]
             if value.shape != (g, *shape):
@@ -688,6 +729,9 @@ class Policy:
         self._settle()  # into the statistics being replaced: kept if the blob is refused
         previous = {"count": self._arrays["count"][slots]}
         self._arrays["count"][slots] = arrays["count"]
+        for name in detector:
+            previous[name] = self._arrays[name][slots]
+            self._arrays[name][slots] = arrays[name] if detected else 0
         if view == "full":
             previous.update((name, self._arrays[name][slots]) for name in self._stat_names)
             cache = self._cache_of(slots)

@@ -7,11 +7,12 @@ from typing import Any
 
 import numpy as np
 
+from learner.policies._detect import DriftDetection
 from learner.policies._linear import LinearPolicy
 from learner.policies.base import Block
 
 
-class LinIGW(LinearPolicy):
+class LinIGW(DriftDetection, LinearPolicy):
     """Inverse-gap weighting over optimistic per-arm ridge regressions (SquareCB, RegCB-style).
 
     For candidate k with row ``x_k`` and arm ``a``, the score is the model's prediction plus

@@ -6,11 +6,12 @@ from typing import Any
 
 import numpy as np
 
+from learner.policies._detect import DriftDetection
 from learner.policies._linear import LinearPolicy, ThompsonParams
 from learner.policies.base import Block, gaussian_argmax_frequencies
 
 
-class LinTS(ThompsonParams, LinearPolicy):
+class LinTS(ThompsonParams, DriftDetection, LinearPolicy):
     """Linear Thompson sampling: each arm its own Gaussian posterior, play the best sampled score.
 
     Arm ``a``'s posterior is ``N(theta_a, v^2 A_a^-1)``, a draw ``theta_a + v L_a z``. Arms are

@@ -6,11 +6,12 @@ from typing import Any
 
 import numpy as np
 
+from learner.policies._detect import DriftDetection
 from learner.policies._linear import LinearPolicy
 from learner.policies.base import Block, greedy_distribution
 
 
-class LinUCB(LinearPolicy):
+class LinUCB(DriftDetection, LinearPolicy):
     """Disjoint LinUCB: each arm its own ridge regression, play the highest upper bound.
 
     For candidate k with row ``x_k`` and arm ``a``, with ``theta_a = A_a^-1 b_a`` and
