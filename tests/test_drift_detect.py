@@ -76,7 +76,7 @@ def test_long_stationary_streams_raise_almost_no_false_alarms(name):
 @pytest.mark.parametrize("name", DETECTING)
 def test_the_detector_changes_nothing_until_it_flags(name):
     X, arms, r = world(2000, seed=3)
-    plain, watched = make_policy(name, dim=DIM, seed=0), make_policy(name, dim=DIM, detect=True, seed=0)
+    plain, watched = make_policy(name, dim=DIM, detect=False, seed=0), make_policy(name, dim=DIM, detect=True, seed=0)
     feed(plain, X, arms, r, batch=25)
     feed(watched, X, arms, r, batch=25)
     assert sum(alarms(watched).values()) == 0
@@ -144,7 +144,7 @@ def test_a_learner_reloaded_from_its_bytes_anywhere_continues_bit_for_bit(name):
 @pytest.mark.parametrize("name", DETECTING)
 def test_a_state_written_before_the_detector_loads_with_the_detector_fresh(name):
     X, arms, r = world(500, seed=7)
-    old = make_policy(name, dim=DIM, seed=0)  # the layout of states written before the detector
+    old = make_policy(name, dim=DIM, detect=False, seed=0)  # the layout of states from before the detector
     feed(old, X, arms, r, batch=50)
     assert not any(n.startswith("detect") for n in _decode(old.to_bytes())[1])
     watched = make_policy(name, dim=DIM, detect=True, seed=0)

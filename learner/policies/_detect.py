@@ -73,7 +73,7 @@ class DriftDetection:
     """
 
     def __init__(
-        self, dim: int, *, detect: bool = False, detect_threshold: float = 10.0, detect_keep: float = 0.05, **kwargs: Any
+        self, dim: int, *, detect: bool = True, detect_threshold: float = 20.0, detect_keep: float = 0.0, **kwargs: Any
     ) -> None:
         if not isinstance(detect, (bool, np.bool_)):
             raise ValueError(f"detect must be true or false, got {detect!r}")
