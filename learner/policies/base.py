@@ -22,6 +22,11 @@ them, how candidates are scored); :class:`Policy` owns the mechanics, in the ord
    Forgetting is counted in the arm's own updates, not in wall-clock time or in other arms'
    updates: an arm that is not played keeps what it knew (each arm has one writer, see DESIGN).
    Pulling toward the prior rather than toward zero keeps a forgotten precision invertible.
+   A policy with a change detector (the per-arm linear ones, ``learner/policies/_detect.py``)
+   first runs it over the batch, on the model as the batch finds it, and discounts each arm it
+   flags the same way, ``S <- S0 + keep * (S - S0)``, before the batch is added. The
+   detector's per-arm state is serialised with the arm's (both views; absent in a blob written
+   before it: it starts fresh) but is no statistic: it never changes how a decision is made.
 4. **Deciding.** :meth:`~Policy.probabilities` asks the policy for its distribution over the K
    candidates, mixes in the exploration floor ``p = (1 - eps0) * p_policy + eps0 / K`` and draws
    the choice from that very distribution with the rng, so the reported probability of the
@@ -726,6 +731,9 @@ class Policy:
                 raise StateFormatError(f"array {name!r} holds NaN or inf")
         if (np.asarray(arrays["count"]) < 0).any():
             raise StateFormatError("negative update count")
+        for name in detected:  # a detector's integer arrays count rows and alarms
+            if self._detector_specs()[name][1].kind == "i" and (np.asarray(arrays[name]) < 0).any():
+                raise StateFormatError(f"array {name!r} holds a negative count")
         self._settle()  # into the statistics being replaced: kept if the blob is refused
         previous = {"count": self._arrays["count"][slots]}
         self._arrays["count"][slots] = arrays["count"]

@@ -33,6 +33,8 @@ class LinTS(ThompsonParams, DriftDetection, LinearPolicy):
     more decide time at 10 arms, d=64 (drawing the normals is the bulk of the difference).
 
     Parameters: ``v`` (>= 0) posterior scale; ``n_draws`` (>= 1, default 64) draws per decision;
+    ``detect``, ``detect_threshold``, ``detect_keep`` (change detection on each arm's residuals,
+    on by default: :class:`~learner.policies._detect.DriftDetection`);
     ``refactor_every``, ``intercept_index`` (:class:`~learner.policies._linear.LinearPolicy`);
     ``dim``, ``eps0``, ``gamma``, ``prior_mean``, ``prior_strength``, ``arm_priors``, ``seed``
     (:class:`~learner.policies.base.Policy`).

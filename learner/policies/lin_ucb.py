@@ -22,7 +22,9 @@ class LinUCB(DriftDetection, LinearPolicy):
     The policy plays the best score (ties share evenly); the floor then gives every candidate
     ``eps0 / K``. The reported probability is exact.
 
-    Parameters: ``alpha`` (> = 0) width of the confidence bound; ``refactor_every``,
+    Parameters: ``alpha`` (> = 0) width of the confidence bound; ``detect``,
+    ``detect_threshold``, ``detect_keep`` (change detection on each arm's residuals, on by
+    default: :class:`~learner.policies._detect.DriftDetection`); ``refactor_every``,
     ``intercept_index`` (see :class:`~learner.policies._linear.LinearPolicy`); ``dim``, ``eps0``,
     ``gamma``, ``prior_mean``, ``prior_strength`` (the ridge penalty), ``arm_priors``, ``seed``
     (see :class:`~learner.policies.base.Policy`).
