@@ -83,7 +83,7 @@ class DriftDetection:
     - ``detect``: run the detector (default true).
     - ``detect_threshold``: Page-Hinkley alarm level in residual sds (> 0, default 20).
     - ``detect_keep``: share of a flagged arm's evidence kept, in [0, 1] (default 0: back to
-      the prior).
+      the prior; 1 only counts alarms, a way to watch before letting it act).
     """
 
     def __init__(
@@ -118,6 +118,7 @@ class DriftDetection:
         stats, ph, rows, alarms = (arrays[n] for n in ("detect_stats", "detect_ph", "detect_rows", "detect_alarms"))
         watched = rows[slots] >= self.dim
         theta = self._means_of(slots[watched]) if watched.any() else None
+        theta_of = np.cumsum(watched) - 1  # arm j's row of theta, when it is watched
         keep = np.ones(len(slots))
         decay = 1.0 - 1.0 / MEMORY
         for j, (slot, lo, k) in enumerate(zip(slots.tolist(), starts.tolist(), counts.tolist())):
@@ -130,15 +131,14 @@ class DriftDetection:
                 Xa, ra = Xa[learned], ra[learned]
             if not len(ra):
                 continue
-            e = ra - Xa @ theta[np.count_nonzero(watched[:j])]
+            e = ra - Xa @ theta[theta_of[j]]
             n, total, total_abs = stats[slot].tolist()
             if n >= CALIBRATION:
                 scale = max(_SD_FROM_MEAN_ABS * total_abs / n, 1e-12)
                 z = np.clip((e - total / n) / scale, -CLIP, CLIP)
                 up = _page_hinkley(ph[slot, 0], z - DELTA)
                 down = _page_hinkley(ph[slot, 1], -z - DELTA)
-                over = np.flatnonzero((up > self.detect_threshold) | (down > self.detect_threshold))
-                if len(over):
+                if (up > self.detect_threshold).any() or (down > self.detect_threshold).any():
                     keep[j] = self.detect_keep
                     alarms[slot] += 1
                     stats[slot] = 0.0
