@@ -88,7 +88,11 @@ SHARED_ARM = ""
 
 _MAGIC = b"BSPS"
 FORMAT_MAJOR = 1
-FORMAT_MINOR = 0
+#: A reader reads every minor of its major. Minor 1 adds a change detector's per-arm arrays
+#: (``detect_*``), optional: a minor-0 blob loads with the detector fresh, while a minor-0
+#: reader refuses a blob that carries them (it knows no such arrays, nor the ``detect``
+#: parameters), so readers (SDKs, publishers) upgrade before the learners that write them.
+FORMAT_MINOR = 1
 _HEAD = struct.Struct("<4sBBHI")
 _CRC = struct.Struct("<I")
 _DTYPES = {"<f8": np.dtype("<f8"), "<i8": np.dtype("<i8")}
