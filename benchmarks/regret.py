@@ -69,7 +69,11 @@ Run from the repository root::
 Progress goes to stderr; a table per batch size to stdout, the cumulative-regret curves (B = 200,
 mean over seeds, one panel per environment) to ``OUT/regret-curves.png``, and the last line of
 stdout is one JSON object: ``{"envs": {env: {"B200": {"ours", "best_peer", "best_peer_name",
-"ratio"}, "B1": {...}}}, "T", "seeds", "held_out", ...}``.
+"ratio", "variants"}, "B1": {...}}}, "T", "seeds", "held_out", ...}``.
+
+``--variant NAME:key=value,...`` adds a column of ours with those policy parameters over the
+defaults (JSON values), e.g. ``--variant 'ours+detect:detect=true'``; its regret and ratio to
+the best peer go under ``variants`` in the JSON. The headline stays the defaults.
 """
 
 from __future__ import annotations
@@ -126,6 +130,8 @@ class SuiteConfig:
     batch_sizes: tuple[int, ...] = (200, 1)
     envs: tuple[str, ...] = ()
     peers: tuple[str, ...] = PEER_FAMILIES
+    #: Extra columns of ours: a name and policy parameters over the defaults (``--variant``).
+    variants: tuple[tuple[str, dict[str, Any]], ...] = ()
     out: Path = _HERE / "out"
     #: Steps the slow per-row peers run at B = 1 (0: all T).
     b1_cap: int = 5_000
@@ -182,11 +188,12 @@ class _ArmIds:
 
 class DomainLearner:
     """Ours as a user gets it: ``DomainSettings()``'s policy and feature encoder (see the module
-    docstring); the SDK's decide path, the join's encode-then-observe and one ``update_batch``."""
+    docstring); the SDK's decide path, the join's encode-then-observe and one ``update_batch``.
+    ``params`` override the policy's defaults (a ``--variant``)."""
 
-    def __init__(self, stream: Stream, seed: int) -> None:
+    def __init__(self, stream: Stream, seed: int, params: dict[str, Any] | None = None) -> None:
         settings = DomainSettings()
-        self.policy = settings.make_policy(seed=seed)
+        self.policy = settings.make_policy(seed=seed, **(params or {}))
         self.encoder = settings.encoder()
         self.names = [f"x{j}" for j in range(stream.dim)]
         self.arms = _ArmIds()
@@ -326,10 +333,13 @@ class LearnerSpec:
         return self.family != "ours"
 
 
-def learner_specs(peers: Sequence[str]) -> tuple[list[LearnerSpec], list[str]]:
+def learner_specs(
+    peers: Sequence[str], variants: Sequence[tuple[str, dict[str, Any]]] = ()
+) -> tuple[list[LearnerSpec], list[str]]:
     """The columns to run, ours first, and a note for every requested peer that cannot run."""
     specs = [
         LearnerSpec("ours", "ours", DomainLearner),
+        *(LearnerSpec(name, "ours", functools.partial(DomainLearner, params=params)) for name, params in variants),
         LearnerSpec("our LinUCB", "ours", functools.partial(PolicyLearner, "lin_ucb")),
         LearnerSpec("our LinTS", "ours", functools.partial(PolicyLearner, "lin_ts")),
         LearnerSpec("our IGW", "ours", functools.partial(PolicyLearner, "lin_igw")),
@@ -457,6 +467,12 @@ class Suite:
             best = min(peers, key=lambda name: self.mean(env, batch, name, at_cap))
             best_regret = self.mean(env, batch, best, at_cap)
             figures |= {"best_peer": best_regret, "best_peer_name": best, "ratio": ours / best_regret}
+        if self.cfg.variants:
+            figures["variants"] = {
+                name: {"ours": regret, **({"ratio": regret / figures["best_peer"]} if peers else {})}
+                for name in (name for name, _ in self.cfg.variants)
+                for regret in [self.mean(env, batch, name, at_cap)]
+            }
         return figures
 
     def results(self) -> dict[str, Any]:
@@ -586,6 +602,23 @@ def _names(text: str) -> tuple[str, ...]:
     return tuple(part.strip() for part in text.split(",") if part.strip())
 
 
+def _variant(text: str) -> tuple[str, dict[str, Any]]:
+    """``NAME:key=value,...`` (values are JSON, e.g. ``detect=true``) -> (NAME, params)."""
+    name, _, pairs = text.partition(":")
+    params = {}
+    for pair in _names(pairs):
+        key, eq, value = pair.partition("=")
+        if not eq:
+            raise argparse.ArgumentTypeError(f"{pair!r} is not key=value")
+        try:
+            params[key.strip()] = json.loads(value)
+        except json.JSONDecodeError:
+            raise argparse.ArgumentTypeError(f"{value!r} (of {key.strip()}) is not a JSON value") from None
+    if not name.strip():
+        raise argparse.ArgumentTypeError(f"variant {text!r} has no name before ':'")
+    return name.strip(), params
+
+
 def parse_args(argv: Sequence[str] | None = None) -> tuple[SuiteConfig, list[str]]:
     """The configuration and a note for every requested environment that cannot run here."""
     runnable, unavailable = available()
@@ -596,6 +629,10 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[SuiteConfig, list[str
     parser.add_argument("--batch-sizes", type=_ints, default=SuiteConfig.batch_sizes, help="default 200,1")
     parser.add_argument("--envs", type=_names, help=f"comma-separated; default all: {','.join([*runnable, *unavailable])}")
     parser.add_argument("--peers", type=_names, default=PEER_FAMILIES, help=f"default {','.join(PEER_FAMILIES)}")
+    parser.add_argument(
+        "--variant", type=_variant, action="append", default=[], metavar="NAME:KEY=VALUE,...",
+        help="another column of ours with these policy parameters (JSON values), e.g. 'ours+detect:detect=true'; repeatable",
+    )
     parser.add_argument("--out", type=Path, default=SuiteConfig.out, help="folder for regret-curves.png")
     parser.add_argument(
         "--b1-cap", type=int, default=SuiteConfig.b1_cap, help="steps MABWiser/contextualbandits run at B=1 (0: all)"
@@ -620,6 +657,7 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[SuiteConfig, list[str
         batch_sizes=args.batch_sizes,
         envs=tuple(name for name in envs if name not in unavailable),
         peers=args.peers,
+        variants=tuple(args.variant),
         out=args.out,
         b1_cap=args.b1_cap,
     )
@@ -636,7 +674,13 @@ def _rounded(value: Any) -> Any:
 
 def main(argv: Sequence[str] | None = None) -> int:
     cfg, notes = parse_args(argv)
-    specs, peer_notes = learner_specs(cfg.peers)
+    for name, params in cfg.variants:
+        try:
+            DomainSettings(params=params)
+        except ValueError as exc:
+            print(f"variant {name!r}: {exc}", file=sys.stderr)
+            return 2
+    specs, peer_notes = learner_specs(cfg.peers, cfg.variants)
     notes += peer_notes
     out = Console(width=220)
     err = Console(stderr=True)

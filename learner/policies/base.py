@@ -22,6 +22,11 @@ them, how candidates are scored); :class:`Policy` owns the mechanics, in the ord
    Forgetting is counted in the arm's own updates, not in wall-clock time or in other arms'
    updates: an arm that is not played keeps what it knew (each arm has one writer, see DESIGN).
    Pulling toward the prior rather than toward zero keeps a forgotten precision invertible.
+   A policy with a change detector (the per-arm linear ones, ``learner/policies/_detect.py``)
+   first runs it over the batch, on the model as the batch finds it, and discounts each arm it
+   flags the same way, ``S <- S0 + keep * (S - S0)``, before the batch is added. The
+   detector's per-arm state is serialised with the arm's (both views; absent in a blob written
+   before it: it starts fresh) but is no statistic: it never changes how a decision is made.
 4. **Deciding.** :meth:`~Policy.probabilities` asks the policy for its distribution over the K
    candidates, mixes in the exploration floor ``p = (1 - eps0) * p_policy + eps0 / K`` and draws
    the choice from that very distribution with the rng, so the reported probability of the
@@ -83,7 +88,11 @@ SHARED_ARM = ""
 
 _MAGIC = b"BSPS"
 FORMAT_MAJOR = 1
-FORMAT_MINOR = 0
+#: A reader reads every minor of its major. Minor 1 adds a change detector's per-arm arrays
+#: (``detect_*``), optional: a minor-0 blob loads with the detector fresh, while a minor-0
+#: reader refuses a blob that carries them (it knows no such arrays, nor the ``detect``
+#: parameters), so readers (SDKs, publishers) upgrade before the learners that write them.
+FORMAT_MINOR = 1
 _HEAD = struct.Struct("<4sBBHI")
 _CRC = struct.Struct("<I")
 _DTYPES = {"<f8": np.dtype("<f8"), "<i8": np.dtype("<i8")}
@@ -123,10 +132,12 @@ class Block(NamedTuple):
 
 
 class Drift(NamedTuple):
-    """Drift statistic of one arm for guards: trace of the posterior covariance and ``||A||_2``."""
+    """Drift statistics of one arm for guards and operators: trace of the posterior covariance,
+    ``||A||_2``, and how many times a change detector has flagged the arm (0 without one)."""
 
     cov_trace: float
     spectral_norm: float
+    alarms: int = 0
 
 
 def canonical_arm(arm: Any) -> str:
@@ -271,6 +282,10 @@ class Policy:
     def _drift(self, slot: int) -> Drift:
         raise NotImplementedError
 
+    def _alarms(self, slot: int) -> int:
+        """Times a change detector has flagged the arm in this slot (0 without one)."""
+        return 0
+
     def _scoring_shapes(self) -> dict[str, tuple[int, ...]]:
         """Shape of each per-arm scoring array; defaults to the statistics themselves."""
         return self._stat_shapes()
@@ -286,6 +301,20 @@ class Policy:
     def _cache_specs(self) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
         """Derived per-arm arrays (not serialised), e.g. factorisations."""
         return {}
+
+    def _detector_specs(self) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+        """Per-arm state of a change detector: serialised in both views, all or none (a blob
+        written without them loads with the detector fresh, at zeros), never a statistic."""
+        return {}
+
+    def _detect(
+        self, slots: np.ndarray, starts: np.ndarray, counts: np.ndarray, X: np.ndarray, r: np.ndarray, w: np.ndarray
+    ) -> np.ndarray | None:
+        """Run the change detector over a batch before it is learned (rows sorted by arm as in
+        :meth:`_accumulate`, ``w`` the raw weights); the factor ``keep`` in [0, 1] each arm's
+        statistics are discounted by toward their prior, ``S <- S0 + keep * (S - S0)``, before
+        the batch is added (1: not flagged), or None when no arm is flagged."""
+        return None
 
     def _reset_cache(self, slots: np.ndarray) -> None:
         """New arms are at their prior: set their derived arrays accordingly."""
@@ -427,6 +456,8 @@ class Policy:
         for name, value in self._prior_stats(self._arrays["pmean"][slots], self._arrays["pstrength"][slots]).items():
             self._arrays[name][slots] = value
         self._reset_cache(slots)
+        for name in self._detector_specs():
+            self._arrays[name][slots] = 0
         self._arms.append(arm)
         self._slot[arm] = slot  # published last: readers without the lock see a complete arm
         return slot
@@ -439,6 +470,7 @@ class Policy:
         }
         specs.update({name: (shape, np.dtype(np.float64)) for name, shape in self._stat_shapes().items()})
         specs.update(self._cache_specs())
+        specs.update(self._detector_specs())
         n = len(self._arms)
         arrays = {}
         for name, (shape, dtype) in specs.items():
@@ -509,9 +541,14 @@ class Policy:
             else:
                 rank_from_end = None
 
+        keep = self._detect(slots, starts, counts, X, r, w)  # on the model as the batch finds it
         if rank_from_end is not None:
             w = w * self.gamma ** rank_from_end
-            self._forget(slots, self.gamma ** counts.astype(np.float64))
+            decay = self.gamma ** counts.astype(np.float64)
+            self._forget(slots, decay if keep is None else decay * keep)
+        elif keep is not None:
+            flagged = keep < 1.0
+            self._forget(slots[flagged], keep[flagged])
         self._accumulate(slots, starts, counts, np.asarray(X), r, w)
         self._arrays["count"][slots] += counts
         self._invalidate(slots, counts)
@@ -596,8 +633,9 @@ class Policy:
     # --- guards and scoring view -----------------------------------------------------------------
 
     def drift(self, arm: Any) -> Drift:
-        """(trace of the posterior covariance, spectral norm of A) of one arm, for guards."""
-        return self._drift(self._existing_slot(arm))
+        """(trace of the posterior covariance, spectral norm of A, detector alarms) of one arm."""
+        slot = self._existing_slot(arm)
+        return self._drift(slot)._replace(alarms=self._alarms(slot))
 
     def scoring_arrays(self, arm: Any) -> dict[str, np.ndarray]:
         """What deciding needs of one arm, as plain arrays (e.g. ``theta`` and ``L``)."""
@@ -616,6 +654,9 @@ class Policy:
             stacked = {
                 name: np.stack([np.asarray(arms[a][name], dtype=np.float64) for a in ids]) for name in cls._scoring_names
             }
+            for name, (_, dtype) in policy._detector_specs().items():
+                if all(name in arms[a] for a in ids):
+                    stacked[name] = np.stack([np.asarray(arms[a][name], dtype=dtype) for a in ids])
             count = np.array([int(np.asarray(arms[a].get("count", 0))) for a in ids], dtype=np.int64)
             policy._load_view(slots, stacked, "scoring", count=count)
         return policy
@@ -627,7 +668,8 @@ class Policy:
         view._scoring_only = True
         for arm in self._arms:
             view._slot_of(arm)
-        view._load_view(slots, self._scoring_stack(slots), "scoring", count=self._arrays["count"][slots])
+        arrays = {**self._scoring_stack(slots), **self._detector_arrays(slots)}
+        view._load_view(slots, arrays, "scoring", count=self._arrays["count"][slots])
         return view
 
     @property
@@ -661,7 +703,11 @@ class Policy:
                 arrays[name] = pack_symmetric(value) if name in self._packed else value
             arrays.update(self._carried_arrays(slots))
         arrays["count"] = self._arrays["count"][slots]
+        arrays.update(self._detector_arrays(slots))
         return arrays
+
+    def _detector_arrays(self, slots: np.ndarray) -> dict[str, np.ndarray]:
+        return {name: self._arrays[name][slots] for name in self._detector_specs()}
 
     def _load_view(self, slots: np.ndarray, arrays: Mapping[str, np.ndarray], view: str, count: np.ndarray | None) -> None:
         """Check shapes and values of stacked arrays for ``slots`` against ``view`` and load them."""
@@ -671,12 +717,16 @@ class Policy:
             arrays = {**arrays, "count": np.asarray(count)}
         optional = self._carried_shapes() if view == "full" else {}
         carried = set(arrays) & set(optional)
-        if set(arrays) - carried != set(shapes) or carried not in (set(), set(optional)):
-            also = f" (and all or none of {sorted(optional)})" if optional else ""
+        detector = {name: shape for name, (shape, _) in self._detector_specs().items()}
+        detected = set(arrays) & set(detector)  # none: a blob from before the detector, which starts fresh
+        if set(arrays) - carried - detected != set(shapes) or carried not in (set(), set(optional)) or detected not in (
+            set(), set(detector)
+        ):
+            also = "".join(f" (and all or none of {sorted(group)})" for group in (optional, detector) if group)
             raise StateFormatError(
                 f"{self.name} {view} state needs arrays {sorted(shapes)}{also}, the blob has {sorted(arrays)}"
             )
-        shapes = {**shapes, **{name: optional[name] for name in carried}}
+        shapes = {**shapes, **{name: optional[name] for name in carried}, **{name: detector[name] for name in detected}}
         for name, shape in shapes.items():
             value = arrays[name]
             if value.shape != (g, *shape):
@@ -685,9 +735,15 @@ class Policy:
                 raise StateFormatError(f"array {name!r} holds NaN or inf")
         if (np.asarray(arrays["count"]) < 0).any():
             raise StateFormatError("negative update count")
+        for name in detected:  # a detector's integer arrays count rows and alarms
+            if self._detector_specs()[name][1].kind == "i" and (np.asarray(arrays[name]) < 0).any():
+                raise StateFormatError(f"array {name!r} holds a negative count")
         self._settle()  # into the statistics being replaced: kept if the blob is refused
         previous = {"count": self._arrays["count"][slots]}
         self._arrays["count"][slots] = arrays["count"]
+        for name in detector:
+            previous[name] = self._arrays[name][slots]
+            self._arrays[name][slots] = arrays[name] if detected else 0
         if view == "full":
             previous.update((name, self._arrays[name][slots]) for name in self._stat_names)
             cache = self._cache_of(slots)

@@ -7,11 +7,12 @@ from typing import Any
 
 import numpy as np
 
+from learner.policies._detect import DriftDetection
 from learner.policies._linear import LinearPolicy
 from learner.policies.base import Block
 
 
-class LinIGW(LinearPolicy):
+class LinIGW(DriftDetection, LinearPolicy):
     """Inverse-gap weighting over optimistic per-arm ridge regressions (SquareCB, RegCB-style).
 
     For candidate k with row ``x_k`` and arm ``a``, the score is the model's prediction plus
@@ -38,8 +39,9 @@ class LinIGW(LinearPolicy):
     Parameters: ``alpha`` (>= 0, default 1), ``gamma_scale`` (> 0, default 300) and
     ``gamma_exponent`` (>= 0, default 0.5), the defaults chosen by ``benchmarks/regret.py``
     (Vowpal Wabbit's ``--squarecb`` uses 10 and 0.5 with ``alpha = 0``); ``eps0`` (default
-    0.01, above); ``refactor_every``,
-    ``intercept_index`` (see :class:`~learner.policies._linear.LinearPolicy`); ``dim``,
+    0.01, above); ``detect``, ``detect_threshold``, ``detect_keep`` (change detection on each
+    arm's residuals, on by default: :class:`~learner.policies._detect.DriftDetection`);
+    ``refactor_every``, ``intercept_index`` (see :class:`~learner.policies._linear.LinearPolicy`); ``dim``,
     ``eps0``, ``gamma``, ``prior_mean``, ``prior_strength``, ``arm_priors``, ``seed`` (see
     :class:`~learner.policies.base.Policy`).
 

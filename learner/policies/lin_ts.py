@@ -6,11 +6,12 @@ from typing import Any
 
 import numpy as np
 
+from learner.policies._detect import DriftDetection
 from learner.policies._linear import LinearPolicy, ThompsonParams
 from learner.policies.base import Block, gaussian_argmax_frequencies
 
 
-class LinTS(ThompsonParams, LinearPolicy):
+class LinTS(ThompsonParams, DriftDetection, LinearPolicy):
     """Linear Thompson sampling: each arm its own Gaussian posterior, play the best sampled score.
 
     Arm ``a``'s posterior is ``N(theta_a, v^2 A_a^-1)``, a draw ``theta_a + v L_a z``. Arms are
@@ -32,6 +33,8 @@ class LinTS(ThompsonParams, LinearPolicy):
     more decide time at 10 arms, d=64 (drawing the normals is the bulk of the difference).
 
     Parameters: ``v`` (>= 0) posterior scale; ``n_draws`` (>= 1, default 64) draws per decision;
+    ``detect``, ``detect_threshold``, ``detect_keep`` (change detection on each arm's residuals,
+    on by default: :class:`~learner.policies._detect.DriftDetection`);
     ``refactor_every``, ``intercept_index`` (:class:`~learner.policies._linear.LinearPolicy`);
     ``dim``, ``eps0``, ``gamma``, ``prior_mean``, ``prior_strength``, ``arm_priors``, ``seed``
     (:class:`~learner.policies.base.Policy`).

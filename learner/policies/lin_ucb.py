@@ -6,11 +6,12 @@ from typing import Any
 
 import numpy as np
 
+from learner.policies._detect import DriftDetection
 from learner.policies._linear import LinearPolicy
 from learner.policies.base import Block, greedy_distribution
 
 
-class LinUCB(LinearPolicy):
+class LinUCB(DriftDetection, LinearPolicy):
     """Disjoint LinUCB: each arm its own ridge regression, play the highest upper bound.
 
     For candidate k with row ``x_k`` and arm ``a``, with ``theta_a = A_a^-1 b_a`` and
@@ -21,7 +22,9 @@ class LinUCB(LinearPolicy):
     The policy plays the best score (ties share evenly); the floor then gives every candidate
     ``eps0 / K``. The reported probability is exact.
 
-    Parameters: ``alpha`` (> = 0) width of the confidence bound; ``refactor_every``,
+    Parameters: ``alpha`` (> = 0) width of the confidence bound; ``detect``,
+    ``detect_threshold``, ``detect_keep`` (change detection on each arm's residuals, on by
+    default: :class:`~learner.policies._detect.DriftDetection`); ``refactor_every``,
     ``intercept_index`` (see :class:`~learner.policies._linear.LinearPolicy`); ``dim``, ``eps0``,
     ``gamma``, ``prior_mean``, ``prior_strength`` (the ridge penalty), ``arm_priors``, ``seed``
     (see :class:`~learner.policies.base.Policy`).
