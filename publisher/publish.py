@@ -99,6 +99,11 @@ class PublisherMetrics:
             "Updates in the learned state the publisher holds, published or not (a gated domain's waits for its verdict).",
             ["domain"], registry=r,
         )  # fmt: skip
+        self.alarms = Gauge(
+            "banditstream_snapshot_change_alarms",
+            "Times the learner's change detector sent an arm back to its prior, over the arms of the last published snapshot.",
+            ["domain"], registry=r,
+        )  # fmt: skip
         self.published_at = Gauge(
             "banditstream_snapshot_published_timestamp_seconds", "When the last snapshot was committed.", ["domain"], registry=r
         )
@@ -180,6 +185,8 @@ class Publisher:
         self.commit = self.config.git_commit if self.config.git_commit is not None else git_commit()
         self._repositories: dict[str, Repository] = {}
         self._history: dict[str, FeatureHistory] = {}
+        #: per domain, the change detector's alarms per arm at the last publish
+        self._alarms: dict[str, dict[str, int]] = {}
         #: per domain, the drift acknowledgement its history starts from
         self._acknowledged: dict[str, datetime | None] = {}
 
@@ -235,8 +242,22 @@ class Publisher:
             raise
         snapshot = self._choose_version(head, snapshot, fresh=fresh)
         result = self._upload(repo, head, snapshot, channels, event="reset" if fresh else "publish")
+        self._report_alarms(domain, policy)
         self.metrics.publish_seconds.labels(domain).observe(time.perf_counter() - started)
         return result
+
+    def _report_alarms(self, domain: str, policy: Policy) -> None:
+        """Export the change detector's alarms over the published arms; name the arms it flagged
+        since the last publish (each went back to its prior: a drift the learner followed)."""
+        alarms = {arm: policy.alarms(arm) for arm in policy.arm_ids()}
+        before = self._alarms.get(domain)
+        if before is not None:
+            flagged = sorted(arm for arm, n in alarms.items() if n > before.get(arm, 0))
+            if flagged:
+                log.warning("%s: the change detector flagged %s since the last snapshot: their rewards moved, "
+                            "each started over from its prior", domain, ", ".join(map(repr, flagged)))  # fmt: skip
+        self._alarms[domain] = alarms
+        self.metrics.alarms.labels(domain).set(sum(alarms.values()))
 
     def reset(self, domain: str) -> PublishResult:
         """A new minor version of ``domain`` holding its policy's priors (Personalizer's model

@@ -556,3 +556,22 @@ def test_worker_ships_the_joins_merged_normaliser_in_a_normalising_domains_snaps
     assert shipped.count("c:tokens") == 150
     assert shipped.mean("c:tokens") == pytest.approx(whole.mean("c:tokens"), rel=1e-12)
     assert shipped.std("c:tokens") == pytest.approx(whole.std("c:tokens"), rel=1e-12)
+
+
+def test_the_change_detectors_alarms_are_exported_and_the_flagged_arms_named(store, keys, root, caplog):
+    publisher = make_publisher(store, keys, root)
+    policy = settings().make_policy()
+    rng = np.random.default_rng(3)
+    for _ in range(10):  # in batches, as the learner folds them: the detector calibrates on these
+        X = np.column_stack([np.ones(50), rng.normal(size=(50, DIM - 1))])
+        policy.update_batch(X, ["small"] * 50, X[:, 1] * 0.5 + rng.normal(0.0, 0.1, size=50))
+    publisher.publish("route", policy)
+    assert metric(publisher, "banditstream_snapshot_change_alarms", domain="route") == 0
+    for _ in range(10):  # the arm's rewards turn around: its residuals leave their band
+        X = np.column_stack([np.ones(50), rng.normal(size=(50, DIM - 1))])
+        policy.update_batch(X, ["small"] * 50, -X[:, 1] * 0.5 + 2.0)
+    assert policy.alarms("small") >= 1
+    with caplog.at_level(logging.WARNING):
+        publisher.publish("route", policy)
+    assert metric(publisher, "banditstream_snapshot_change_alarms", domain="route") == policy.alarms("small")
+    assert "the change detector flagged 'small' since the last snapshot" in caplog.text

@@ -632,6 +632,11 @@ class Policy:
 
     # --- guards and scoring view -----------------------------------------------------------------
 
+    def alarms(self, arm: Any) -> int:
+        """Times a change detector has flagged one arm (0 without a detector); cheap, unlike
+        :meth:`drift`."""
+        return self._alarms(self._existing_slot(arm))
+
     def drift(self, arm: Any) -> Drift:
         """(trace of the posterior covariance, spectral norm of A, detector alarms) of one arm."""
         slot = self._existing_slot(arm)
