@@ -75,9 +75,9 @@ from typing import Any
 import faust
 from confluent_kafka import KafkaException, Producer
 from confluent_kafka.admin import AdminClient
+from faust.tables import TableManager
 from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread
 from faust.transport.drivers.aiokafka import Consumer as AIOKafkaConsumer
-from faust.tables import TableManager
 from faust.transport.drivers.aiokafka import Transport as AIOKafkaTransport
 from faust.types import TP
 
@@ -184,8 +184,8 @@ class _Worker(faust.Worker):
 class _TableManager(TableManager):
     """faust's table manager without its start-up nap.
 
-    faust's sleeps a second before it registers the tables, for tables an app defines while
-    it starts; the join's one table is defined before the worker starts, so every start of
+    faust's sleeps a second before it registers the tables (for tables an app defines while
+    it starts); the join's one table is defined before the worker starts, so every start of
     the join (a restart after a crash, a scale-out, a rebalance's new member) waited that
     second for nothing."""
 
