@@ -75,6 +75,7 @@ from typing import Any
 import faust
 from confluent_kafka import KafkaException, Producer
 from confluent_kafka.admin import AdminClient
+from faust.tables import TableManager
 from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread
 from faust.transport.drivers.aiokafka import Consumer as AIOKafkaConsumer
 from faust.transport.drivers.aiokafka import Transport as AIOKafkaTransport
@@ -168,6 +169,30 @@ class _Worker(faust.Worker):
     def install_signal_handlers(self) -> None:
         if threading.current_thread() is threading.main_thread():
             super().install_signal_handlers()
+
+    async def _sentinel_task(self) -> None:
+        """The last task before the loop closes: mode's sleeps a fixed second, for the tasks
+        it has just cancelled to unwind; this waits until they have (at most that second),
+        so a stopped join exits once it has let go of everything, not a second later."""
+        this = asyncio.current_task()
+        for _ in range(100):
+            if all(task is this or task.done() for task in asyncio.all_tasks()):
+                return
+            await asyncio.sleep(0.01)
+
+
+class _TableManager(TableManager):
+    """faust's table manager without its start-up nap.
+
+    faust's sleeps a second before it registers the tables (for tables an app defines while
+    it starts); the join's one table is defined before the worker starts, so every start of
+    the join (a restart after a crash, a scale-out, a rebalance's new member) waited that
+    second for nothing."""
+
+    async def on_start(self) -> None:
+        if not self.should_stop:
+            await self._update_channels()
+            await self.recovery.start()
 
 
 class _ConsumerThread(AIOKafkaConsumerThread):
@@ -324,6 +349,7 @@ class JoinWorker:
             topic_partitions=config.topics.partitions,
             web_enabled=False,
             consumer_auto_offset_reset="earliest",
+            TableManager=_TableManager,
             broker_max_poll_records=options.batch_max,
             **self.profile.faust,
         )

@@ -6,14 +6,24 @@ and stops at the end. If it cannot start, the fixture fails loudly (no skip).
 
 from __future__ import annotations
 
+import os
 import uuid
 
 import pytest
+from threadpoolctl import threadpool_limits
 
 from banditstream.devstack import LocalStack, StackInfo
 from publisher.repository import create_root
 from publisher.signing import KeyRing
 from streams.settings import KafkaSettings, TopicSettings
+
+# One BLAS thread, in this process and in every process a test starts (examples, the demo, the
+# SDK in scripts; the workers already limit themselves, see cli._one_blas_thread): the suite
+# runs the broker, S3 and several Python processes on two shared cores, where multi-threaded
+# BLAS stalls on the many small products of deciding and learning (measured: the RAG
+# example's decisions took 3.4 ms each instead of ~0.1 ms, the example 86 s instead of 56 s).
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+threadpool_limits(int(os.environ["OPENBLAS_NUM_THREADS"]))
 
 
 @pytest.fixture(scope="session")

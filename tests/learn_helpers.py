@@ -61,10 +61,21 @@ def worker_config(kafka: KafkaSettings, topics: TopicSettings, state_dir: Path, 
     )
 
 
-def write_config(path: Path, kafka: KafkaSettings, topics: TopicSettings, state_dir: Path, metrics_port: int) -> Path:
-    """A config file for ``banditstream learn`` in a subprocess (single-object framing)."""
+#: The group session of a learner the test kills (``write_config(..., doomed=True)``). A
+#: SIGKILLed member holds its partitions until its session expires: with the profile's 6 s
+#: the next member waited ~11 s for them (Tansu lets the join complete with the dead member,
+#: then rebalances once it expires), with 2 s ~4 s. How long the group waits for a dead
+#: member is no part of what the tests check (what the next learner resumes from).
+DOOMED_SESSION_MS = 2_000
+
+
+def write_config(path: Path, kafka: KafkaSettings, topics: TopicSettings, state_dir: Path, metrics_port: int,
+                 *, doomed: bool = False) -> Path:
+    """A config file for ``banditstream learn`` in a subprocess (single-object framing);
+    ``doomed`` for a learner the test will SIGKILL (a short group session)."""
+    extra = {"extra": {"session.timeout.ms": DOOMED_SESSION_MS}} if doomed else {}
     tree = {
-        "kafka": {"bootstrap_servers": kafka.bootstrap_servers, "profile": kafka.profile},
+        "kafka": {"bootstrap_servers": kafka.bootstrap_servers, "profile": kafka.profile, **extra},
         "topics": topics.model_dump(),
         "stores": {"state_dir": str(state_dir)},
         "metrics": {"port": metrics_port},

@@ -140,8 +140,9 @@ def test_kill_9_at_three_random_points_reproduces_the_uninterrupted_posterior_bi
     # the same updates through `banditstream learn`, SIGKILLed at three seeded random points
     port = free_port()
     config = h.write_config(tmp_path / "learn.json", kafka, topics, tmp_path / "killed", port)
+    doomed = h.write_config(tmp_path / "doomed.json", kafka, topics, tmp_path / "killed", port, doomed=True)
     for i in range(3):
-        process = h.start_learner(config, tmp_path / "learn.log")
+        process = h.start_learner(doomed, tmp_path / "learn.log")
         threshold = rng.uniform(2_000, 20_000)  # updates this run has folded (past its replay)
 
         def learned_enough():
@@ -180,8 +181,9 @@ def test_two_learners_split_the_partitions_and_one_takes_over_the_others_shards(
     group = f"banditstream-learn.{topics.updates}"
     ports = {name: free_port() for name in "abc"}
     configs = {
-        name: h.write_config(tmp_path / f"{name}.json", kafka, topics, tmp_path / name, ports[name]) for name in "abc"
-    }  # separate state roots: a worker never sees another's disk
+        name: h.write_config(tmp_path / f"{name}.json", kafka, topics, tmp_path / name, ports[name], doomed=name == "b")
+        for name in "abc"
+    }  # separate state roots: a worker never sees another's disk; b is SIGKILLed below
     a = h.start_learner(configs["a"], tmp_path / "a.log")
     b = h.start_learner(configs["b"], tmp_path / "b.log")
 
