@@ -241,8 +241,10 @@ class ShardLearner:
             self._pending.append(update)
             if update.mode == "live" and offset >= self._floors.get(update.key, self.floor):
                 self.dirty.add(update.key)
-            elif update.mode == RESET and offset >= self.floor:
-                self.dirty.update(self._resettable(update.key[:3], offset, self._policies))
+            elif update.mode == RESET and offset >= self.floor:  # every model of the domain changes
+                twd = update.key[:3]
+                self.dirty.update(self._resettable(twd, offset, self._policies))
+                self.dirty.update(u.key for u in self._pending if u.mode == "live" and u.key[:3] == twd)
         self.position = offset + 1
         if self.position == (block + 1) * self.block_size:
             self._close_block()

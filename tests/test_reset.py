@@ -235,3 +235,23 @@ def test_a_shard_rebuilt_from_published_states_applies_a_marker_only_to_models_p
         theirs.load_arm_state(key.arm, whole[key][1])
         for name, value in theirs.arm_statistics(key.arm).items():
             np.testing.assert_allclose(mine.arm_statistics(key.arm)[name], value, rtol=1e-9, atol=1e-9, err_msg=f"{key} {name}")
+
+
+def test_a_reset_before_any_block_closes_marks_every_model_of_the_domain_changed(tmp_path):
+    """With nothing persisted yet (one long trailing block) and the learned models just
+    published, a marker still marks every model of its domain changed, so each is published
+    again at its priors (a learner with a large block size, a quiet domain)."""
+    with_resets, _ = streams_with_and_without_resets()
+    with PosteriorStore(tmp_path / "store") as store:
+        shard = ShardLearner(0, "u", DOMAINS, store.shard(0), block_size=4096, window_blocks=4, start=0)
+        for offset in range(0, 900):
+            shard.feed(offset, with_resets[offset])
+        route = {k for k in shard.dirty if k.domain == "route"}
+        assert route and shard.keys() == []  # nothing committed: every model lives in the trailing block
+        shard.snapshot(sorted(shard.dirty))
+        shard.dirty.clear()  # published
+        shard.feed(900, None)
+        shard.feed(901, marker(901, "route"))
+        assert route <= shard.dirty
+        published = {m.key: m.state for m in shard.snapshot(sorted(shard.dirty))}
+    assert all(published[k].update_count == 0 and published[k].state == prior_state(k) for k in route)
