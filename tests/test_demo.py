@@ -10,58 +10,14 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
 from rich.console import Console
 
 from banditstream.cli import _snapshot_tables
 from banditstream.demo import live_panel, summary_tables
 
 CLI = [sys.executable, "-m", "banditstream.cli", "demo"]
-#: The demo runs whose figures the tests check, by name: their arguments.
-RUNS = {
-    "learns": ["--events", "4000", "--seed", "3", "--round-size", "500"],
-    "first": ["--events", "600", "--seed", "11", "--round-size", "300"],
-    "second": ["--events", "600", "--seed", "11", "--round-size", "300"],
-}
-
-
-@pytest.fixture(scope="module")
-def demo_runs(tmp_path_factory) -> Iterator[dict[str, tuple[subprocess.Popen, Path]]]:
-    """Every run of :data:`RUNS` started at once, each in its own directory with its own stack
-    and workers (each waits on its workers most of the time - a round is decided in a moment
-    and learned for seconds - so together they take little longer than the longest): name ->
-    (process, its directory, holding ``out.json``, ``demo.png``, ``stdout``, ``stderr`` and,
-    for ``learns``, the kept working directory ``work``)."""
-    started = {}
-    for name, arguments in RUNS.items():
-        where = tmp_path_factory.mktemp(name)
-        keep = ["--keep", str(where / "work")] if name == "learns" else []
-        with open(where / "stdout", "w") as stdout, open(where / "stderr", "w") as stderr:  # files: no pipe to fill
-            started[name] = (subprocess.Popen(
-                [*CLI, *arguments, "--json", str(where / "out.json"), "--plot", str(where / "demo.png"), *keep],
-                stdout=stdout, stderr=stderr, text=True, cwd=where,
-                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # Ctrl-C stops it below
-            ), where)  # fmt: skip
-    yield started
-    for process, _ in started.values():  # one a test did not wait for (-k, a failure): stopped as by Ctrl-C
-        if process.poll() is None:
-            process.send_signal(signal.SIGINT)
-            try:
-                process.wait(120)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
-
-
-def finished(demo_runs, name: str) -> tuple[subprocess.CompletedProcess, Path]:
-    """The run ``name`` of :func:`demo_runs`, waited for: its outcome and directory."""
-    process, where = demo_runs[name]
-    process.wait(600)
-    return subprocess.CompletedProcess(process.args, process.returncode, (where / "stdout").read_text(),
-                                       (where / "stderr").read_text()), where  # fmt: skip
 
 
 def _processes_under(path: Path) -> list[str]:
@@ -81,9 +37,14 @@ def _processes_under(path: Path) -> list[str]:
     return found
 
 
-def test_demo_learns_a_clear_margin_over_random_and_leaves_nothing_running(demo_runs):
-    run, where = finished(demo_runs, "learns")
-    work, out, plot = where / "work", where / "out.json", where / "demo.png"
+def test_demo_learns_a_clear_margin_over_random_and_leaves_nothing_running(tmp_path):
+    work = tmp_path / "work"
+    out = tmp_path / "out.json"
+    plot = tmp_path / "demo.png"
+    run = subprocess.run(
+        [*CLI, "--events", "4000", "--seed", "3", "--round-size", "500", "--json", str(out), "--plot", str(plot), "--keep", str(work)],
+        capture_output=True, text=True, timeout=600, cwd=tmp_path,
+    )  # fmt: skip
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     summary = json.loads(out.read_text())
     assert summary["events"] == 4000
@@ -116,13 +77,26 @@ def test_demo_learns_a_clear_margin_over_random_and_leaves_nothing_running(demo_
     assert _processes_under(work) == []
 
 
-def test_the_same_seed_gives_the_same_figures(demo_runs):
+def test_the_same_seed_gives_the_same_figures(tmp_path):
     """Two runs at once, each with its own stack: the seed fixes the figures, not the timing."""
-    summaries = []
+    runs = []
     for run_name in ("first", "second"):
-        run, where = finished(demo_runs, run_name)
-        assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-        summaries.append(json.loads((where / "out.json").read_text()))
+        out = tmp_path / f"{run_name}.json"
+        runs.append((out, subprocess.Popen(
+            [*CLI, "--events", "600", "--seed", "11", "--round-size", "300", "--json", str(out), "--plot", str(tmp_path / f"{run_name}.png")],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp_path,
+        )))  # fmt: skip
+    summaries = []
+    try:
+        for out, process in runs:
+            output, _ = process.communicate(timeout=600)
+            assert process.returncode == 0, output[-6000:]
+            summaries.append(json.loads(out.read_text()))
+    finally:
+        for _, process in runs:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
     first, second = summaries
     assert first["reproducible"] and second["reproducible"]
     for summary in summaries:  # what varies with the machine's timing, and only that
