@@ -568,15 +568,10 @@ class ServeApp:
         snapshot of the priors, published and pulled (needs the publish keys)."""
         if not self.settings.serve.allow_model_reset:
             raise ApiError("model: reset is off here (serve.allow_model_reset)", "forbidden", field="model")
-        from publisher.cli_ops import load_keys, reset_model
-        from publisher.publish import Publisher, PublisherConfig
-        from publisher.stores import open_store
+        from publisher.cli_ops import reset_model
 
         s, w = self.settings, loop.where
-        keys, root = load_keys(s.publish.keys_dir)
-        store = open_store(s.stores.snapshots, s3=s.s3_client_kwargs())
-        publisher = Publisher(store, keys, root, domains={w.domain: loop.domain_settings}, tenant=w.tenant, workspace=w.workspace,
-                              config=PublisherConfig(channels=tuple(s.publish.channels)))  # fmt: skip
+        publisher = s.publisher({w.domain: loop.domain_settings}, tenant=w.tenant, workspace=w.workspace)
         topic = s.topics.updates
         done = reset_model(publisher, w.domain, s.kafka, topic, s.worker_config().serde("update", topic=topic))
         log.warning("%s: model reset: %s", w, done["message"])

@@ -154,23 +154,30 @@ class FeatureHistory:
 
     config: GuardConfig = field(default_factory=GuardConfig)
     _totals: list[Mapping[str, Any]] = field(default_factory=list, repr=False)
+    #: the decisions each of ``_totals`` had counted (kept beside them, not derived per check)
+    _counted: list[float] = field(default_factory=list, repr=False)
 
     def accept(self, totals: Mapping[str, Any] | None) -> None:
         """A snapshot with these normaliser totals was accepted (published unflagged)."""
         if not totals:
             return
         if self._totals and window_between(self._totals[-1], totals) is None:
-            self._totals.clear()  # the totals restarted: what came before no longer subtracts
+            self._clear()  # the totals restarted: what came before no longer subtracts
+        newest = _decisions(_totals(totals))
         self._totals.append(totals)
-        del self._totals[: -self.config.history]
+        self._counted.append(newest)
+        del self._totals[: -self.config.history], self._counted[: -self.config.history]
         # the oldest are let go once the rest still span a window and its reference
-        newest, span = _decisions(_totals(totals)), 2 * self.config.drift_window
-        while len(self._totals) > 2 and newest - _decisions(_totals(self._totals[1])) >= span:
-            del self._totals[0]
+        while len(self._totals) > 2 and newest - self._counted[1] >= 2 * self.config.drift_window:
+            del self._totals[0], self._counted[0]
+
+    def _clear(self) -> None:
+        self._totals.clear()
+        self._counted.clear()
 
     def acknowledge(self, totals: Mapping[str, Any] | None) -> None:
         """An operator accepted what the guard flagged: judge from these totals on."""
-        self._totals.clear()
+        self._clear()
         self.accept(totals)
 
     def __len__(self) -> int:
@@ -182,8 +189,7 @@ class FeatureHistory:
         if not totals or not self._totals:
             return None
         size = self.config.drift_window
-        decisions = _decisions(_totals(totals))
-        held = [_decisions(_totals(t)) for t in self._totals]
+        decisions, held = _decisions(_totals(totals)), self._counted
         cut = next((i for i in range(len(held) - 1, -1, -1) if decisions - held[i] >= size), None)
         if cut is None:
             return None
