@@ -110,9 +110,16 @@ from threadpoolctl import threadpool_limits  # noqa: E402
 
 from benchmarks._regret_envs import HELD_OUT, Stream, available, generate  # noqa: E402
 from learner.domain import DomainSettings  # noqa: E402
-from learner.policies import make_policy  # noqa: E402
+from learner.policies import Portfolio, make_policy  # noqa: E402
 
 PEER_FAMILIES = ("mabwiser", "vw", "contextualbandits")
+#: The portfolio of ``--portfolio``: the default policy first (it acts until the log says
+#: otherwise), then the settings the suite shows best elsewhere.
+PORTFOLIO = [
+    {"policy": "lin_igw"},
+    {"policy": "lin_ucb", "alpha": 0.3, "eps0": 0.01},
+    {"policy": "lin_igw", "gamma": 0.998, "label": "lin_igw+forget"},
+]
 #: The batch size whose curves are plotted (the first requested one if it is not run).
 PLOT_BATCH = 200
 
@@ -191,9 +198,9 @@ class DomainLearner:
     docstring); the SDK's decide path, the join's encode-then-observe and one ``update_batch``.
     ``params`` override the policy's defaults (a ``--variant``)."""
 
-    def __init__(self, stream: Stream, seed: int, params: dict[str, Any] | None = None) -> None:
-        settings = DomainSettings()
-        self.policy = settings.make_policy(seed=seed, **(params or {}))
+    def __init__(self, stream: Stream, seed: int, params: dict[str, Any] | None = None, policy: str | None = None) -> None:
+        settings = DomainSettings() if policy is None else DomainSettings(policy=policy, params=params or {})
+        self.policy = settings.make_policy(seed=seed, **(params or {} if policy is None else {}))
         self.encoder = settings.encoder()
         self.names = [f"x{j}" for j in range(stream.dim)]
         self.arms = _ArmIds()
@@ -218,7 +225,10 @@ class DomainLearner:
             context = self._context(z)
             rows[i] = self.encoder.context_vector(context)
             self.encoder.observe(context)  # after encoding, so a value never normalises itself
-        self.policy.update_batch(rows, [self.arms.names[a] for a in arms.tolist()], rewards)
+        names = [self.arms.names[a] for a in arms.tolist()]
+        if isinstance(self.policy, Portfolio):  # every member scores the rows before it learns them
+            self.policy.judge(rows, [self.arms.ids(k) for k in n_arms.tolist()], arms.tolist(), probabilities, rewards)
+        self.policy.update_batch(rows, names, rewards)
 
 
 class PolicyLearner:
@@ -333,13 +343,24 @@ class LearnerSpec:
         return self.family != "ours"
 
 
+def _variant_learner(params: dict[str, Any]) -> Callable[[Stream, int], Learner]:
+    """A variant's learner: the default domain with these parameters, or another ``policy``."""
+    rest = {k: v for k, v in params.items() if k != "policy"}
+    return functools.partial(DomainLearner, params=rest, policy=params.get("policy"))
+
+
+def _variant_settings(params: dict[str, Any]) -> DomainSettings:
+    rest = {k: v for k, v in params.items() if k != "policy"}
+    return DomainSettings(params=rest) if "policy" not in params else DomainSettings(policy=params["policy"], params=rest)
+
+
 def learner_specs(
     peers: Sequence[str], variants: Sequence[tuple[str, dict[str, Any]]] = ()
 ) -> tuple[list[LearnerSpec], list[str]]:
     """The columns to run, ours first, and a note for every requested peer that cannot run."""
     specs = [
         LearnerSpec("ours", "ours", DomainLearner),
-        *(LearnerSpec(name, "ours", functools.partial(DomainLearner, params=params)) for name, params in variants),
+        *(LearnerSpec(name, "ours", _variant_learner(params)) for name, params in variants),
         LearnerSpec("our LinUCB", "ours", functools.partial(PolicyLearner, "lin_ucb")),
         LearnerSpec("our LinTS", "ours", functools.partial(PolicyLearner, "lin_ts")),
         LearnerSpec("our IGW", "ours", functools.partial(PolicyLearner, "lin_igw")),
@@ -633,6 +654,10 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[SuiteConfig, list[str
         "--variant", type=_variant, action="append", default=[], metavar="NAME:KEY=VALUE,...",
         help="another column of ours with these policy parameters (JSON values), e.g. 'ours+detect:detect=true'; repeatable",
     )
+    parser.add_argument(
+        "--portfolio", nargs="?", const=json.dumps(PORTFOLIO), metavar="JSON",
+        help="another column, 'ours portfolio': a portfolio domain of these members (a JSON list; default the README's)",
+    )
     parser.add_argument("--out", type=Path, default=SuiteConfig.out, help="folder for regret-curves.png")
     parser.add_argument(
         "--b1-cap", type=int, default=SuiteConfig.b1_cap, help="steps MABWiser/contextualbandits run at B=1 (0: all)"
@@ -657,7 +682,8 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[SuiteConfig, list[str
         batch_sizes=args.batch_sizes,
         envs=tuple(name for name in envs if name not in unavailable),
         peers=args.peers,
-        variants=tuple(args.variant),
+        variants=tuple(args.variant) + ((("ours portfolio", {"policy": "portfolio", "members": json.loads(args.portfolio)}),)
+                                        if args.portfolio else ()),
         out=args.out,
         b1_cap=args.b1_cap,
     )
@@ -676,7 +702,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     cfg, notes = parse_args(argv)
     for name, params in cfg.variants:
         try:
-            DomainSettings(params=params)
+            _variant_settings(params)
         except ValueError as exc:
             print(f"variant {name!r}: {exc}", file=sys.stderr)
             return 2

@@ -150,6 +150,7 @@ def target_custom(snapshot: Snapshot, created_at: datetime | None = None) -> dic
         "tenant": snapshot.tenant,
         "workspace": snapshot.workspace,
         "domain": snapshot.domain,
+        **({"acting": snapshot.summary()["portfolio"]["acting"]} if snapshot.policy == "portfolio" else {}),
     }
 
 

@@ -42,7 +42,8 @@ import zstandard
 import schemas
 from learner.domain import DomainSettings
 from learner.features import FeatureConfig, Normalizer
-from learner.policies import Drift, Policy, PolicyError
+from learner.policies import Drift, Policy, PolicyError, Portfolio
+from learner.policies.portfolio import describe_state
 from learner.reward import RewardConfig
 from publisher.errors import MajorVersionError, NonFiniteState, SnapshotFormatError
 
@@ -285,6 +286,8 @@ class Snapshot:
             "derived_from": self.derived_from,
             "state_bytes": len(self.policy_state),
         }
+        if self.policy == Portfolio.name:  # who acts, and the switches that made it so
+            out["portfolio"] = describe_state(self.policy_state)
         if verbose:
             out["arm_rows"] = [a._asdict() for a in self.arms]
             out["feature_config"] = dict(self.feature_config)

@@ -25,6 +25,10 @@ The only module of the publisher that reads Kafka (through :mod:`streams`). It r
    ``promotion.every_s`` the :class:`~publisher.gate.Gate` judges the pending canary from the
    joined log, which the worker tails from the updates topic (:class:`GateLog`): promote,
    roll back, or wait and say why; logged and exported as metrics.
+6. **Portfolio.** A domain whose policy is a ``portfolio`` is judged at each publish
+   (:mod:`publisher.portfolio`): the rows the new snapshot learned since the previous one,
+   tailed from the updates topic, are scored by the previous snapshot's members, and the
+   snapshot carries who acts.
 
     run_publisher(settings.worker_config(), PublisherSettings(store, keys, root), stop=event)
 """
@@ -47,6 +51,7 @@ from learner.policies import FORMAT_MAJOR, Drift, Policy, PolicyError
 from learner.evaluation.errors import EvaluationError
 from publisher.errors import GuardFailed, PublisherError, VersionConflict
 from publisher.gate import Gate, GateConfig, GateDecision, GateMetrics, nothing_to_gate
+from publisher.portfolio import PortfolioJudge, PortfolioLog, PortfolioMetrics, Verdict
 from publisher.publish import Publisher, PublisherConfig, PublisherMetrics
 from publisher.signing import KeyRing
 from publisher.snapshot import SourceOffset
@@ -80,6 +85,8 @@ class PublisherSettings:
     group_id: str | None = None
     #: Newest logged decisions kept per gated domain for the gate (since its canary).
     gate_max_rows: int = 200_000
+    #: Logged rows kept per portfolio domain awaiting the publish that judges them.
+    portfolio_max_rows: int = 200_000
 
 
 @dataclass
@@ -97,6 +104,8 @@ class PublisherStats:
     held: int = 0
     #: the newest gate decisions
     gate_decisions: deque[GateDecision] = field(default_factory=lambda: deque(maxlen=100))
+    #: the newest portfolio verdicts (one per publish of a portfolio domain)
+    verdicts: deque[Verdict] = field(default_factory=lambda: deque(maxlen=100))
 
 
 class PosteriorTable:
@@ -283,6 +292,13 @@ class _PublisherWorker:
             self.gate = Gate(self.publisher, self.gate_log.read,
                              metrics=GateMetrics(metrics.registry) if metrics is not None else None)
         self._next_gate = {d: now + config.domains[d].promotion.every_s for d in self.gated}
+        portfolios = [name for name, d in config.domains.items() if getattr(d, "policy", None) == "portfolio"]
+        self.judge: PortfolioJudge | None = None
+        if portfolios:
+            self.judge = PortfolioJudge(
+                self.publisher, PortfolioLog(config, portfolios, settings.portfolio_max_rows), config.domains,
+                metrics=PortfolioMetrics(metrics.registry) if metrics is not None else None,
+            )  # fmt: skip
 
     def run(self, stop: threading.Event, idle_timeout: float | None) -> PublisherStats:
         s = self.settings
@@ -300,6 +316,8 @@ class _PublisherWorker:
                     self._read(batch)
                     if self.gate_log is not None:
                         self.gate_log.poll()
+                    if self.judge is not None:
+                        self.judge.log.poll()
                     if not self._caught_up and time.monotonic() - self._started < s.every_seconds:
                         continue
                     for domain in self._due():
@@ -311,6 +329,8 @@ class _PublisherWorker:
         finally:
             if self.gate_log is not None:
                 self.gate_log.close()
+            if self.judge is not None:
+                self.judge.close()
         return self.stats
 
     def _read(self, batch: Any) -> None:
@@ -361,6 +381,15 @@ class _PublisherWorker:
             log.warning("%s: shard left out of the snapshot: %s", domain, warning)
         if self._unchanged(domain, offsets):
             return
+        if self.judge is not None:
+            try:
+                verdict = self.judge.judge(domain, policy, offsets)
+            except (EvaluationError, PolicyError, ValueError) as exc:
+                self.stats.errors += 1
+                log.error("%s: judging the portfolio failed (%s); its acting member stays", domain, exc)
+            else:
+                if verdict is not None:
+                    self.stats.verdicts.append(verdict)
         try:
             features = self.config.domains[domain].features
             normalizer = self.table.normalizer(domain, features.config_hash()) if features.normalize else None
@@ -377,6 +406,8 @@ class _PublisherWorker:
         else:
             self.stats.published.append((domain, result.version))
             self._published.add(domain)
+            if self.judge is not None:
+                self.judge.published(domain, policy, offsets)
 
     def _run_gates(self) -> None:
         now = time.monotonic()

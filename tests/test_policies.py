@@ -261,6 +261,8 @@ def test_expected_rewards_score_each_row_with_its_own_arm_and_nan_for_an_unknown
             assert math.isnan(got[i])
         elif name in LINEAR:  # the posterior mean as of the last row, whatever refactor_every
             assert got[i] == pytest.approx(X[i] @ policy.posterior_mean(arm), abs=1e-9)
+        elif name == "portfolio":  # its acting member's posterior mean
+            assert got[i] == pytest.approx(X[i] @ policy.acting_member.posterior_mean(arm), abs=1e-9)
         elif name == "beta_ts":  # the Beta posterior's mean in the row's segment
             stats, seg = policy.arm_statistics(arm), policy.segments(X[i : i + 1])[0]
             assert got[i] == pytest.approx(stats["alpha"][seg] / (stats["alpha"][seg] + stats["beta"][seg]))

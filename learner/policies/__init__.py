@@ -7,7 +7,7 @@ forgetting, batching, the exploration floor, the rng and the state format. Build
     >>> import numpy as np
     >>> from learner.policies import POLICIES, make_policy
     >>> sorted(POLICIES)
-    ['beta_ts', 'epsilon_greedy', 'lin_igw', 'lin_ts', 'lin_ucb', 'shared_lin_ts', 'shared_lin_ucb', 'softmax', 'ucb1']
+    ['beta_ts', 'epsilon_greedy', 'lin_igw', 'lin_ts', 'lin_ucb', 'portfolio', 'shared_lin_ts', 'shared_lin_ucb', 'softmax', 'ucb1']
     >>> policy = make_policy("lin_ts", dim=4, v=0.3, seed=1)
     >>> touched = policy.update_batch(np.eye(4), ["a", "b", "a", "c"], [1.0, 0.5, 0.2, 0.0])
     >>> blobs = {arm: policy.arm_state_bytes(arm) for arm in touched}      # one store value each
@@ -29,6 +29,7 @@ from learner.policies.errors import NumericalError, PolicyError, ScoringOnlyErro
 from learner.policies.lin_igw import LinIGW
 from learner.policies.lin_ts import LinTS
 from learner.policies.lin_ucb import LinUCB
+from learner.policies.portfolio import Portfolio
 from learner.policies.shared_lin_ts import SharedLinTS
 from learner.policies.shared_lin_ucb import SharedLinUCB
 from learner.policies.softmax import Softmax
@@ -36,7 +37,7 @@ from learner.policies.ucb1 import UCB1
 
 #: Every policy by its registry name (the ``policy`` field of PosteriorShard and state headers).
 POLICIES: dict[str, type[Policy]] = {
-    cls.name: cls for cls in (LinUCB, LinTS, LinIGW, SharedLinUCB, SharedLinTS, BetaTS, UCB1, EpsilonGreedy, Softmax)
+    cls.name: cls for cls in (LinUCB, LinTS, LinIGW, SharedLinUCB, SharedLinTS, BetaTS, UCB1, EpsilonGreedy, Softmax, Portfolio)
 }
 
 
@@ -63,6 +64,7 @@ __all__ = [
     "NumericalError",
     "Policy",
     "PolicyError",
+    "Portfolio",
     "Prior",
     "ScoringOnlyError",
     "SharedLinTS",

@@ -794,7 +794,12 @@ class Policy:
         header, arrays = _decode(data)
         if header.get("kind") != "policy":
             raise StateFormatError(f"expected a whole-policy state, got kind {header.get('kind')!r}")
-        klass = cls._resolve_class(header.get("policy"))
+        return cls._resolve_class(header.get("policy"))._from_decoded(header, arrays)
+
+    @classmethod
+    def _from_decoded(cls, header: dict[str, Any], arrays: dict[str, np.ndarray]) -> Policy:
+        """The policy of a decoded whole-policy blob, ``cls`` being the class that wrote it."""
+        klass = cls
         params = header.get("params")
         arms = header.get("arms")
         if not isinstance(params, dict) or not isinstance(arms, list) or not all(isinstance(a, str) for a in arms):

@@ -1,0 +1,508 @@
+"""A portfolio: several policies learn side by side, and the one the domain's own log rates best acts.
+
+Which LinUCB alpha, which IGW scale, forgetting or not: the right answer depends on the traffic,
+and a user cannot tune on live traffic safely. A portfolio names the settings to try::
+
+    policy: portfolio
+    params:
+      eps0: 0.02                      # a common setting: every member's, unless it sets its own
+      members:
+        - {policy: lin_igw}            # the first member acts until the log shows a better one
+        - {policy: lin_ucb, alpha: 0.3}
+        - {policy: lin_igw, gamma: 0.999, label: igw-forgetting}
+
+**Learning.** Every member learns every row (:meth:`Portfolio.update_batch` passes the batch to
+each), so each member's state is what it would be had it run alone on the same log. One arm's
+state is its members' states in one blob (arrays prefixed ``m<i>.``), so the learner, the store,
+the posterior topic and the publisher carry a portfolio like any per-arm policy.
+
+**Choosing who acts: progressive off-policy estimates.** For each logged row i (context,
+candidates, the action taken, its logged propensity ``p_i``, its reward ``r_i``) every member's
+probability of the logged action ``pi_m(a_i | x_i)`` is computed by the member *before it has
+learned that row* (:meth:`Portfolio.score`: in the publisher, by the previous snapshot's members
+on the rows logged since it; in a simulation, by the models before the batch), and the portfolio
+accumulates (:meth:`Portfolio.observe`), with importance weight ``w_mi = pi_m(a_i|x_i) / p_i`` and
+``b_i`` the mean reward of the rows before i's batch (a control variate: it leaves every
+difference below unbiased, since ``E[w_ci - w_ai] = 0``, and takes the reward's level out of its
+variance)::
+
+    d_ci = (w_ci - w_ai) * (r_i - b_i)        challenger c against the acting member a
+
+The mean of ``d_c`` estimates ``V(c) - V(a)``, the difference of the two members' expected
+rewards (inverse propensity scoring, paired: the same rows, the same propensities), and its
+standard error comes from the same sums. :meth:`Portfolio.select` switches to the challenger
+with the highest lower bound at ``level`` (one-sided) when that bound is above zero, once
+``min_rows`` rows are in; otherwise the acting member stays. Every member's self-normalised
+value ``sum w r / sum w`` and effective sample size ``(sum w)^2 / sum w^2`` are reported
+(:meth:`Portfolio.estimates`) for operators. A switch is recorded in the state (the last
+:data:`MAX_SWITCHES`, with the rows seen, the estimated gain and its bound), which a snapshot
+carries, so the SDK acts with the new member from the next snapshot on.
+
+The sums are cumulative: a member that is better only after a drift overtakes one that was
+better before once its advantage since outweighs its deficit, which a detector or forgetting in
+the members shortens (they learn the new world; the log rates them on it).
+
+**Deciding.** :meth:`Portfolio.probabilities` is the acting member's, floor included: the
+logged propensity is the probability the acting member drew the action with, exact as its own.
+
+    >>> import numpy as np
+    >>> from learner.policies import make_policy
+    >>> portfolio = make_policy("portfolio", dim=2, seed=3, members=[{"policy": "lin_ucb", "alpha": 0.1},
+    ...                                                            {"policy": "lin_igw", "label": "igw"}])
+    >>> portfolio.labels, portfolio.acting_label
+    (['lin_ucb(alpha=0.1)', 'igw'], 'lin_ucb(alpha=0.1)')
+    >>> _ = portfolio.update_batch(np.ones((2, 2)), ["a", "b"], [1.0, 0.0])    # every member learns
+    >>> [m.update_count("a") for m in portfolio.members]
+    [1, 1]
+    >>> choice = portfolio.probabilities(np.ones((2, 2)), ["a", "b"])           # the acting member's
+    >>> round(float(choice.probabilities.sum()), 12)
+    1.0
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from statistics import NormalDist
+from typing import Any
+
+import numpy as np
+
+from learner.policies.base import Choice, Drift, Policy, Prior, _decode, _encode, canonical_arm, valid_dim
+from learner.policies.errors import ScoringOnlyError, StateFormatError
+
+__all__ = ["MAX_SWITCHES", "Portfolio", "describe_state"]
+
+#: Switches kept in the state (the newest).
+MAX_SWITCHES = 20
+#: Settings a portfolio may give every member (a member's own value wins).
+COMMON = ("eps0", "gamma", "prior_mean", "prior_strength", "arm_priors")
+_SELECTION = ("select_n", "select_reward", "select_d", "select_c", "select_s", "select_w", "select_w2")
+
+
+def _member_spec(index: int, spec: Any) -> dict[str, Any]:
+    if not isinstance(spec, Mapping):
+        raise ValueError(f"members[{index}] must be a mapping like {{policy: lin_ucb, alpha: 0.3}}, got {spec!r}")
+    spec = dict(spec)
+    name = spec.get("policy")
+    for key in ("dim", "seed", "members"):
+        if key in spec:
+            raise ValueError(f"members[{index}].{key}: set by the portfolio, not by a member")
+    if not isinstance(name, str):
+        raise ValueError(f"members[{index}].policy: a policy name is required")
+    if "label" in spec and not (isinstance(spec["label"], str) and spec["label"]):
+        raise ValueError(f"members[{index}].label must be a non-empty string")
+    return spec
+
+
+def _label(spec: Mapping[str, Any]) -> str:
+    if "label" in spec:
+        return str(spec["label"])
+    knobs = ",".join(f"{k}={json.dumps(v) if not isinstance(v, (int, float)) else v}" for k, v in sorted(spec.items()) if k != "policy")
+    return f"{spec['policy']}({knobs})" if knobs else str(spec["policy"])
+
+
+class Portfolio(Policy):
+    """Per-arm policies learning side by side; the best by the log's progressive estimate acts
+    (see the module docstring).
+
+    Parameters: ``members`` (a list of ``{policy: name, label?: str, <its parameters>}``, at
+    least two, per-arm policies only, labels distinct); ``level`` (confidence of a switch, in
+    (0.5, 1), default 0.95); ``min_rows`` (logged rows before any switch, default 200); ``dim``
+    and ``seed`` (member i is seeded ``seed + i``); ``eps0``, ``gamma``, ``prior_mean``,
+    ``prior_strength``, ``arm_priors`` given here apply to every member that does not set its own.
+    """
+
+    name = "portfolio"
+    shared = False
+
+    def __init__(
+        self,
+        dim: int,
+        *,
+        members: Sequence[Mapping[str, Any]],
+        level: float = 0.95,
+        min_rows: int = 200,
+        seed: int | None = None,
+        **common: Any,
+    ) -> None:
+        from learner.policies import POLICIES  # the registry lives in the package, which imports us
+
+        self.dim = valid_dim(dim)
+        unknown = sorted(set(common) - set(COMMON))
+        if unknown:
+            raise TypeError(f"unexpected parameter(s) {', '.join(unknown)}; a portfolio takes members, level, min_rows, "
+                            f"seed and the members' common {', '.join(COMMON)}")  # fmt: skip
+        if isinstance(members, (str, bytes)) or not isinstance(members, Sequence) or len(members) < 2:
+            raise ValueError("members must list at least two policies, e.g. [{policy: lin_igw}, {policy: lin_ucb, alpha: 0.3}]")
+        if not 0.5 < float(level) < 1.0:
+            raise ValueError(f"level must be in (0.5, 1), got {level!r}")
+        if isinstance(min_rows, bool) or not isinstance(min_rows, (int, np.integer)) or min_rows < 1:
+            raise ValueError(f"min_rows must be a positive int, got {min_rows!r}")
+        self.specs = [_member_spec(i, spec) for i, spec in enumerate(members)]
+        self.labels = [_label(spec) for spec in self.specs]
+        if len(set(self.labels)) != len(self.labels):
+            raise ValueError(f"member labels must be distinct, got {self.labels}; give the members a label")
+        self.level = float(level)
+        self.min_rows = int(min_rows)
+        self.seed = None if seed is None else int(seed)
+        self.common = dict(common)
+        self.members: list[Policy] = []
+        for i, spec in enumerate(self.specs):
+            cls = POLICIES.get(spec["policy"])
+            if cls is None:
+                raise ValueError(f"members[{i}].policy: unknown policy {spec['policy']!r}; known: {', '.join(sorted(POLICIES))}")
+            if cls.shared or cls is Portfolio:
+                raise ValueError(f"members[{i}].policy: {spec['policy']!r} cannot be a member; members are per-arm policies")
+            params = {**self.common, **{k: v for k, v in spec.items() if k not in ("policy", "label")}}
+            try:
+                self.members.append(cls(dim=self.dim, seed=None if self.seed is None else self.seed + i, **params))
+            except (TypeError, ValueError) as exc:
+                raise ValueError(f"members[{i}] ({self.labels[i]}): {exc}") from None
+        self._scoring_only = False
+        self.acting = 0
+        self.switches: list[dict[str, Any]] = []
+        self._clear_selection()
+
+    def _clear_selection(self) -> None:
+        m = len(self.members)
+        self._sel = {
+            "select_n": np.zeros((), dtype=np.int64),
+            "select_reward": np.zeros(()),
+            "select_d": np.zeros(m),
+            "select_c": np.zeros((m, m)),
+            "select_s": np.zeros(m),
+            "select_w": np.zeros(m),
+            "select_w2": np.zeros(m),
+        }
+
+    @classmethod
+    def _unit_test_params(cls) -> dict[str, Any]:
+        return {"dim": 4, "eps0": 0.1, "seed": 0, "members": [{"policy": "lin_ucb", "alpha": 0.3}, {"policy": "lin_igw"}]}
+
+    def get_params(self) -> dict[str, Any]:
+        params: dict[str, Any] = {"dim": self.dim, "members": [dict(spec) for spec in self.specs], "level": self.level,
+                                  "min_rows": self.min_rows, "seed": self.seed}  # fmt: skip
+        for key, value in self.common.items():
+            params[key] = {arm: list(p) for arm, p in value.items()} if key == "arm_priors" else value
+        return params
+
+    def __repr__(self) -> str:
+        return f"Portfolio(acting={self.acting_label!r}, members={self.labels!r})"
+
+    @property
+    def acting_member(self) -> Policy:
+        return self.members[self.acting]
+
+    @property
+    def acting_label(self) -> str:
+        return self.labels[self.acting]
+
+    @property
+    def eps0(self) -> float:  # type: ignore[override]
+        return self.acting_member.eps0
+
+    @property
+    def scoring_only(self) -> bool:
+        return self._scoring_only
+
+    # --- arms and learning -----------------------------------------------------------------------
+
+    def arm_ids(self) -> list[str]:
+        return self.members[0].arm_ids()
+
+    def add_arm(self, arm: Any) -> None:
+        if self._scoring_only:
+            raise ScoringOnlyError("Portfolio built from a scoring view holds no statistics")
+        for member in self.members:
+            member.add_arm(arm)
+
+    def prior_of(self, arm: Any) -> Prior:
+        return self.acting_member.prior_of(arm)
+
+    def arm_statistics(self, arm: Any) -> dict[str, np.ndarray]:
+        return self.acting_member.arm_statistics(arm)
+
+    def expected_rewards(self, X: np.ndarray, arms: Sequence[Any]) -> np.ndarray:
+        return self.acting_member.expected_rewards(X, arms)
+
+    def update_count(self, arm: Any) -> int:
+        return self.members[0].update_count(arm)
+
+    def update_batch(self, X: np.ndarray, arms: Sequence[Any], rewards: Any, weights: Any = None) -> list[str]:
+        """Every member learns the batch; the touched arm ids (the same for every member)."""
+        if self._scoring_only:
+            raise ScoringOnlyError("Portfolio built from a scoring view cannot learn")
+        touched = self.members[0].update_batch(X, arms, rewards, weights)  # validates before any member learns
+        for member in self.members[1:]:
+            member.update_batch(X, arms, rewards, weights)
+        return touched
+
+    # --- deciding --------------------------------------------------------------------------------
+
+    def probabilities(self, X: np.ndarray, arms: Sequence[Any], rng: np.random.Generator | int | None = None) -> Choice:
+        """The acting member's distribution and draw; a new candidate arm enters every member."""
+        acting = self.acting_member
+        known = len(acting.arm_ids())
+        choice = acting.probabilities(X, arms, rng)
+        if len(acting.arm_ids()) != known:
+            for arm in acting.arm_ids()[known:]:
+                for member in self.members:
+                    if member is not acting:
+                        member._slot_of(arm)
+        return choice
+
+    def alarms(self, arm: Any) -> int:
+        return self.acting_member.alarms(arm)
+
+    def drift(self, arm: Any) -> Drift:
+        return self.acting_member.drift(arm)
+
+    def scoring_arrays(self, arm: Any) -> dict[str, np.ndarray]:
+        return self.acting_member.scoring_arrays(arm)
+
+    @classmethod
+    def from_scoring(cls, params: Mapping[str, Any], arms: Mapping[str, Mapping[str, np.ndarray]]) -> Policy:
+        """A scoring-only portfolio whose acting (first) member has ``arms``' scoring arrays;
+        the other members start at their priors."""
+        portfolio = cls(**params)
+        portfolio.members[0] = type(portfolio.members[0]).from_scoring(portfolio.members[0].get_params(), arms)
+        for i, member in enumerate(portfolio.members[1:], 1):
+            portfolio.members[i] = member.scoring_view()
+            for arm in arms:
+                portfolio.members[i]._slot_of(arm)
+        portfolio._scoring_only = True
+        return portfolio
+
+    def scoring_view(self) -> Policy:
+        view = Portfolio(**self.get_params())
+        view.members = [member.scoring_view() for member in self.members]
+        view._scoring_only = True
+        view._adopt(self)
+        return view
+
+    # --- choosing who acts -----------------------------------------------------------------------
+
+    def score(
+        self, contexts: np.ndarray, candidates: Sequence[Sequence[Any]], chosen: Sequence[int], rng: np.random.Generator | int = 0
+    ) -> np.ndarray:
+        """``(n, M)``: member m's probability of the action taken on row i, ``contexts[i]``
+        shown to the arms ``candidates[i]`` of which ``chosen[i]`` was taken (each member's
+        decide step, floor included; Thompson sampling's by its seeded draws)."""
+        contexts = np.asarray(contexts, dtype=np.float64)
+        gen = rng if isinstance(rng, np.random.Generator) else np.random.default_rng(rng)
+        out = np.empty((len(contexts), len(self.members)))
+        for i, (x, arms, k) in enumerate(zip(contexts, candidates, chosen)):
+            X = np.ascontiguousarray(np.broadcast_to(x, (len(arms), len(x))))
+            for m, member in enumerate(self.members):
+                out[i, m] = member.probabilities(X, arms, gen).probabilities[k]
+        return out
+
+    def observe(self, member_probabilities: np.ndarray, propensities: Sequence[float], rewards: Sequence[float]) -> None:
+        """Add rows scored by :meth:`score` (of models that had not learned them) to every
+        member's estimate; ``propensities`` are the logged probabilities of the actions taken."""
+        pi = np.asarray(member_probabilities, dtype=np.float64)
+        p = np.asarray(propensities, dtype=np.float64)
+        r = np.asarray(rewards, dtype=np.float64)
+        if pi.ndim != 2 or pi.shape[1] != len(self.members) or p.shape != (len(pi),) or r.shape != (len(pi),):
+            raise ValueError(f"observe needs (n, {len(self.members)}) member probabilities, n propensities and n rewards")
+        if not (np.isfinite(pi).all() and np.isfinite(r).all() and (p > 0).all() and (p <= 1).all()):
+            raise ValueError("observe needs finite probabilities and rewards, and propensities in (0, 1]")
+        if not len(pi):
+            return
+        s = self._sel
+        n = int(s["select_n"])
+        baseline = float(s["select_reward"]) / n if n else 0.0
+        w = pi / p[:, None]
+        wc = w * (r - baseline)[:, None]
+        s["select_d"] += wc.sum(axis=0)
+        s["select_c"] += wc.T @ wc
+        s["select_s"] += w.T @ r
+        s["select_w"] += w.sum(axis=0)
+        s["select_w2"] += (w * w).sum(axis=0)
+        s["select_n"] += len(r)
+        s["select_reward"] += math.fsum(r.tolist())
+
+    def judge(
+        self,
+        contexts: np.ndarray,
+        candidates: Sequence[Sequence[Any]],
+        chosen: Sequence[int],
+        propensities: Sequence[float],
+        rewards: Sequence[float],
+        *,
+        scored_by: "Portfolio | None" = None,
+        rng: np.random.Generator | int = 0,
+    ) -> dict[str, Any] | None:
+        """:meth:`score` logged rows by ``scored_by`` (default this portfolio: models that have
+        not learned the rows yet), :meth:`observe` them, :meth:`select`; the switch or None."""
+        scorer = self if scored_by is None else scored_by
+        self.observe(scorer.score(contexts, candidates, chosen, rng), propensities, rewards)
+        return self.select()
+
+    def _gains(self) -> tuple[np.ndarray, np.ndarray]:
+        """Each member's estimated gain over the acting member per row, and its standard error."""
+        s, a = self._sel, self.acting
+        n = max(int(s["select_n"]), 1)
+        d, c = s["select_d"], s["select_c"]
+        gain = (d - d[a]) / n
+        second = (np.diag(c) - 2.0 * c[:, a] + c[a, a]) / n
+        return gain, np.sqrt(np.maximum(second - gain * gain, 0.0) / n)
+
+    def select(self) -> dict[str, Any] | None:
+        """Switch to the member whose gain's lower bound is highest and above zero (after
+        ``min_rows`` rows); the switch as recorded, or None when the acting member stays."""
+        n = int(self._sel["select_n"])
+        if n < self.min_rows:
+            return None
+        gain, se = self._gains()
+        lower = gain - NormalDist().inv_cdf(self.level) * se
+        lower[self.acting] = -math.inf
+        best = int(np.argmax(lower))
+        if not lower[best] > 0.0:
+            return None
+        switch = {"from": self.acting_label, "to": self.labels[best], "rows": n,
+                  "gain": float(gain[best]), "lower": float(lower[best])}  # fmt: skip
+        self.acting = best
+        self.switches = [*self.switches, switch][-MAX_SWITCHES:]
+        return switch
+
+    def estimates(self) -> list[dict[str, Any]]:
+        """Per member: its label, whether it acts, the self-normalised value of its choices on
+        the log, effective sample size, and its estimated gain over the acting member with the
+        lower bound at ``level``."""
+        s = self._sel
+        gain, se = self._gains()
+        z = NormalDist().inv_cdf(self.level)
+        out = []
+        for m, label in enumerate(self.labels):
+            w, w2 = float(s["select_w"][m]), float(s["select_w2"][m])
+            out.append({
+                "member": label, "acting": m == self.acting,
+                "value": float(s["select_s"][m]) / w if w > 0 else None,
+                "ess": w * w / w2 if w2 > 0 else 0.0,
+                "gain": float(gain[m]), "lower": float(gain[m] - z * se[m]),
+            })  # fmt: skip
+        return out
+
+    @property
+    def rows_seen(self) -> int:
+        return int(self._sel["select_n"])
+
+    def _adopt(self, other: "Portfolio") -> None:
+        """Take ``other``'s choice of who acts and its evidence (same members required)."""
+        if other.labels != self.labels:
+            raise ValueError(f"portfolio members differ: {other.labels} vs {self.labels}")
+        self.acting = other.acting
+        self.switches = list(other.switches)
+        self._sel = {name: value.copy() for name, value in other._sel.items()}
+
+    def adopt_selection(self, previous: Policy) -> bool:
+        """Carry the acting member and the evidence from ``previous`` (e.g. the last snapshot's
+        portfolio) into this one; False when ``previous`` is not a portfolio of these members."""
+        if not isinstance(previous, Portfolio) or previous.labels != self.labels:
+            return False
+        self._adopt(previous)
+        return True
+
+    # --- bytes -----------------------------------------------------------------------------------
+
+    def _view(self) -> str:
+        return "scoring" if self._scoring_only else "full"
+
+    def to_bytes(self) -> bytes:
+        arms = self.arm_ids()
+        arrays: dict[str, np.ndarray] = dict(self._sel)
+        for m, member in enumerate(self.members):
+            slots = np.array([member._existing_slot(a) for a in arms], dtype=np.intp)
+            arrays.update((f"m{m}.{name}", value) for name, value in member._view_arrays(slots).items())
+        header = {"policy": self.name, "kind": "policy", "view": self._view(), "dim": self.dim, "params": self.get_params(),
+                  "arms": arms, "acting": self.acting, "switches": self.switches}  # fmt: skip
+        return _encode(header, arrays)
+
+    @classmethod
+    def _from_decoded(cls, header: dict[str, Any], arrays: dict[str, np.ndarray]) -> Policy:
+        params, arms, view = header.get("params"), header.get("arms"), header.get("view")
+        if not isinstance(params, dict) or not isinstance(arms, list) or not all(isinstance(a, str) for a in arms):
+            raise StateFormatError("policy header lacks params or arms")
+        if view not in ("full", "scoring"):
+            raise StateFormatError(f"unknown view {view!r}")
+        try:
+            portfolio = cls(**params)
+        except (TypeError, ValueError) as exc:
+            raise StateFormatError(f"parameters in the header do not build Portfolio: {exc}") from exc
+        if header.get("dim") != portfolio.dim:
+            raise StateFormatError(f"header dim {header.get('dim')!r} disagrees with params dim {portfolio.dim}")
+        if len(set(arms)) != len(arms):
+            raise StateFormatError("duplicate arm ids in the header")
+        acting, switches = header.get("acting"), header.get("switches")
+        if not isinstance(acting, int) or not 0 <= acting < len(portfolio.members) or not isinstance(switches, list):
+            raise StateFormatError("portfolio header lacks its acting member or switches")
+        m = len(portfolio.members)
+        for name, shape in zip(_SELECTION, [(), (), (m,), (m, m), (m,), (m,), (m,)]):
+            value = arrays.get(name)
+            if value is None or value.shape != shape or not np.isfinite(value).all():
+                raise StateFormatError(f"portfolio state lacks a valid {name!r}")
+            portfolio._sel[name] = value.astype(portfolio._sel[name].dtype)
+        portfolio.acting, portfolio.switches = acting, switches
+        portfolio._scoring_only = view == "scoring"
+        for i, member in enumerate(portfolio.members):
+            member._scoring_only = portfolio._scoring_only
+            slots = np.array([member._slot_of(a) for a in arms], dtype=np.intp)
+            member._load_view(slots, _of_member(arrays, i), view, count=None)
+        return portfolio
+
+    def arm_state_bytes(self, arm: Any) -> bytes:
+        canon = canonical_arm(arm)
+        arrays: dict[str, np.ndarray] = {}
+        for m, member in enumerate(self.members):
+            stacked = member._view_arrays(np.array([member._existing_slot(arm)]))
+            arrays.update((f"m{m}.{name}", value[0]) for name, value in stacked.items())
+        header = {"policy": self.name, "kind": "arm", "view": self._view(), "dim": self.dim, "arm": canon,
+                  "members": self.labels}  # fmt: skip
+        return _encode(header, arrays)
+
+    def load_arm_state(self, arm: Any, data: bytes) -> None:
+        """Every member's state of one arm from :meth:`arm_state_bytes`; all or nothing."""
+        header, arrays = _decode(data)
+        canon = canonical_arm(arm)
+        if header.get("kind") != "arm":
+            raise StateFormatError(f"expected one arm's state, got kind {header.get('kind')!r}")
+        if header.get("policy") != self.name:
+            raise StateFormatError(f"state was written by policy {header.get('policy')!r}, not {self.name!r}")
+        if header.get("dim") != self.dim:
+            raise StateFormatError(f"state has dim {header.get('dim')!r}, this policy has dim {self.dim}")
+        if header.get("view") != self._view():
+            raise StateFormatError(f"state is a {header.get('view')!r} view, this policy holds a {self._view()!r} view")
+        if header.get("arm") != canon:
+            raise StateFormatError(f"state belongs to arm {header.get('arm')!r}, not {canon!r}")
+        if header.get("members") != self.labels:
+            raise StateFormatError(f"state was learned by members {header.get('members')!r}, this portfolio has {self.labels!r}")
+        held = [member.arm_state_bytes(canon) if canon in member._slot else None for member in self.members]
+        done: list[int] = []
+        try:
+            for i, member in enumerate(self.members):
+                stacked = {name: value[None, ...] for name, value in _of_member(arrays, i).items()}
+                member._load_view(np.array([member._slot_of(canon)]), stacked, self._view(), count=None)
+                done.append(i)
+        except StateFormatError:
+            for i in done:  # all or nothing: the members already loaded get their old state back
+                if held[i] is not None:
+                    self.members[i].load_arm_state(canon, held[i])
+            raise
+
+
+def _of_member(arrays: Mapping[str, np.ndarray], index: int) -> dict[str, np.ndarray]:
+    prefix = f"m{index}."
+    return {name[len(prefix):]: value for name, value in arrays.items() if name.startswith(prefix)}
+
+
+def describe_state(data: bytes) -> dict[str, Any] | None:
+    """Who acts in a whole-portfolio blob (a snapshot's policy state), its members and its
+    switches; None for another policy's blob."""
+    header, _ = _decode(data)
+    if header.get("policy") != Portfolio.name or header.get("kind") != "policy":
+        return None
+    members = [_label(_member_spec(i, spec)) for i, spec in enumerate(header["params"]["members"])]
+    return {"acting": members[header["acting"]], "members": members, "switches": list(header["switches"])}

@@ -1,0 +1,184 @@
+"""A portfolio policy: its members learn as they would alone, the acting one decides, and the
+log's progressive, paired estimate picks who acts (learner/policies/portfolio.py).
+
+The generic policy suite (tests/test_policies.py) runs on ``portfolio`` too; these tests cover
+what only a portfolio promises.
+"""
+
+from __future__ import annotations
+
+import math
+from statistics import NormalDist
+
+import numpy as np
+import pytest
+
+from learner.domain import DomainSettings
+from learner.policies import Policy, Portfolio, StateFormatError, make_policy
+from learner.policies.portfolio import describe_state
+
+ARMS = ["a", "b", "c"]
+GOOD = {"policy": "lin_ucb", "alpha": 0.1, "eps0": 0.05}
+#: explores 90 % of the time: clearly worse on any environment where the arms differ
+POOR = {"policy": "lin_ucb", "alpha": 0.1, "eps0": 0.9, "label": "poor"}
+
+
+def truth(X: np.ndarray) -> np.ndarray:
+    """Expected reward of each arm (columns) for contexts X (rows: intercept, x1, x2)."""
+    return np.column_stack([0.5 + 0.3 * X[:, 1], 0.5 - 0.3 * X[:, 1], 0.4 + 0.2 * X[:, 2]])
+
+
+def contexts(rng: np.random.Generator, n: int) -> np.ndarray:
+    return np.column_stack([np.ones(n), rng.normal(size=(n, 2))])
+
+
+def play(portfolio: Portfolio, rows: int, batch: int = 100, seed: int = 0) -> list[float]:
+    """Decide in batches with the model frozen, judge the batch, learn it; expected rewards."""
+    rng = np.random.default_rng(seed)
+    got: list[float] = []
+    for _ in range(rows // batch):
+        X = contexts(rng, batch)
+        mu = truth(X)
+        chosen, probability = [], []
+        for x in X:
+            choice = portfolio.probabilities(np.tile(x, (3, 1)), ARMS)
+            chosen.append(choice.chosen)
+            probability.append(choice.probability)
+        idx = np.arange(batch)
+        got += mu[idx, chosen].tolist()
+        rewards = mu[idx, chosen] + rng.normal(0, 0.1, batch)
+        portfolio.judge(X, [ARMS] * batch, chosen, probability, rewards)
+        portfolio.update_batch(X, [ARMS[k] for k in chosen], rewards)
+    return got
+
+
+def test_every_member_learns_exactly_as_it_would_alone():
+    members = [{"policy": "lin_ucb", "alpha": 0.3}, {"policy": "lin_igw", "gamma": 0.99}, {"policy": "lin_ts"}]
+    portfolio = make_policy("portfolio", dim=3, seed=5, members=members, eps0=0.02)
+    alone = [make_policy(m["policy"], dim=3, seed=5 + i, eps0=0.02, **{k: v for k, v in m.items() if k != "policy"})
+             for i, m in enumerate(members)]  # fmt: skip
+    rng = np.random.default_rng(1)
+    for _ in range(5):
+        X = contexts(rng, 40)
+        arms = list(rng.choice(ARMS, size=40))
+        r, w = rng.random(40), rng.uniform(0.5, 2.0, 40)
+        assert sorted(portfolio.update_batch(X, arms, r, w)) == sorted(set(arms))
+        for policy in alone:
+            policy.update_batch(X, arms, r, w)
+    for member, policy in zip(portfolio.members, alone):
+        for arm in ARMS:
+            assert member.arm_state_bytes(arm) == policy.arm_state_bytes(arm)
+    x = np.tile(contexts(rng, 1)[0], (3, 1))  # and the acting (first) member decides, draw for draw
+    mine, its = portfolio.probabilities(x, ARMS, rng=9), alone[0].probabilities(x, ARMS, rng=9)
+    assert mine.probabilities.tolist() == its.probabilities.tolist() and mine[1:] == its[1:]
+
+
+def test_the_paired_gain_and_its_bound_are_the_sums_checked_by_hand():
+    portfolio = make_policy("portfolio", dim=2, members=[GOOD, POOR, {"policy": "lin_igw"}], min_rows=1, level=0.9)
+    rng = np.random.default_rng(3)
+    pi1, p1, r1 = rng.uniform(0.05, 1, (50, 3)), rng.uniform(0.1, 1, 50), rng.normal(1.0, 1.0, 50)
+    pi2, p2, r2 = rng.uniform(0.05, 1, (30, 3)), rng.uniform(0.1, 1, 30), rng.normal(1.0, 1.0, 30)
+    portfolio.observe(pi1, p1, r1)
+    portfolio.observe(pi2, p2, r2)
+    # by hand: the baseline of a call is the mean reward of the rows before it
+    w = np.vstack([pi1 / p1[:, None], pi2 / p2[:, None]])
+    r = np.r_[r1, r2]
+    centred = r - np.r_[np.zeros(50), np.full(30, r1.mean())]
+    z = NormalDist().inv_cdf(0.9)
+    for m, estimate in enumerate(portfolio.estimates()):
+        d = (w[:, m] - w[:, 0]) * centred
+        se = math.sqrt(max((d * d).mean() - d.mean() ** 2, 0.0) / len(d))
+        assert estimate["gain"] == pytest.approx(d.mean(), abs=1e-12)
+        assert estimate["lower"] == pytest.approx(d.mean() - z * se, abs=1e-12)
+        assert estimate["value"] == pytest.approx((w[:, m] * r).sum() / w[:, m].sum(), rel=1e-12)
+        assert estimate["ess"] == pytest.approx(w[:, m].sum() ** 2 / (w[:, m] ** 2).sum(), rel=1e-12)
+        assert estimate["acting"] == (m == 0)
+    best = max(range(1, 3), key=lambda m: portfolio.estimates()[m]["lower"])
+    switch = portfolio.select()
+    if portfolio.estimates()[best]["lower"] > 0 or switch is not None:  # whichever the sums say, select agrees
+        assert switch is not None and switch["to"] == portfolio.labels[best]
+
+
+def test_a_clearly_better_member_takes_over_and_the_switch_is_recorded():
+    portfolio = make_policy("portfolio", dim=3, seed=2, members=[POOR, GOOD])
+    assert portfolio.acting_label == "poor"
+    rewards = play(portfolio, 3000)
+    assert portfolio.acting_label == portfolio.labels[1]
+    (switch,) = portfolio.switches
+    assert (switch["from"], switch["to"]) == ("poor", portfolio.labels[1])
+    assert switch["rows"] >= portfolio.min_rows and switch["lower"] > 0 and switch["gain"] > switch["lower"]
+    assert np.mean(rewards[-500:]) > np.mean(rewards[:500]) + 0.05  # acting well shows in the rewards
+
+
+def test_members_that_choose_alike_never_switch():
+    same = make_policy("portfolio", dim=3, seed=2, members=[GOOD, {**GOOD, "label": "twin"}])
+    play(same, 3000)
+    assert same.acting == 0 and same.switches == []
+    assert [e["gain"] for e in same.estimates()] == [0.0, 0.0]  # the same choices: paired, exactly no difference
+
+
+def test_nothing_switches_before_min_rows():
+    portfolio = make_policy("portfolio", dim=3, seed=2, members=[POOR, GOOD], min_rows=5000)
+    play(portfolio, 3000)
+    assert portfolio.acting == 0 and portfolio.rows_seen == 3000
+
+
+def test_who_acts_and_the_evidence_travel_in_the_bytes_and_the_scoring_view():
+    portfolio = make_policy("portfolio", dim=3, seed=2, members=[POOR, GOOD])
+    play(portfolio, 2000)
+    assert portfolio.acting == 1
+    view = portfolio.scoring_view()
+    for loaded in (Policy.from_bytes(portfolio.to_bytes()), view, Policy.from_bytes(view.to_bytes())):
+        assert isinstance(loaded, Portfolio)
+        assert loaded.acting_label == portfolio.acting_label and loaded.switches == portfolio.switches
+        assert loaded.estimates() == portfolio.estimates()
+    assert view.scoring_only and describe_state(view.to_bytes()) == {
+        "acting": portfolio.labels[1], "members": portfolio.labels, "switches": portfolio.switches}
+    assert describe_state(make_policy("lin_ucb", dim=3).to_bytes()) is None
+    # the publisher's path: a policy rebuilt from arm states takes the last snapshot's choice
+    rebuilt = make_policy("portfolio", dim=3, seed=2, members=[POOR, GOOD])
+    for arm in portfolio.arm_ids():
+        rebuilt.load_arm_state(arm, portfolio.arm_state_bytes(arm))
+    assert rebuilt.acting == 0 and rebuilt.adopt_selection(view)
+    assert rebuilt.acting == 1 and rebuilt.estimates() == portfolio.estimates()
+    other = make_policy("portfolio", dim=3, members=[POOR, {**GOOD, "alpha": 0.5}])
+    assert not other.adopt_selection(view)  # other members: the evidence does not carry
+
+
+def test_an_arm_blob_loads_into_every_member_or_none():
+    portfolio = make_policy("portfolio", dim=3, seed=2, members=[POOR, GOOD])
+    play(portfolio, 600)
+    blob = portfolio.arm_state_bytes("a")
+    target = make_policy("portfolio", dim=3, seed=2, members=[POOR, GOOD])
+    target.update_batch(contexts(np.random.default_rng(0), 5), ["a"] * 5, np.ones(5))
+    before = [m.arm_state_bytes("a") for m in target.members]
+    from learner.policies import base
+
+    header, arrays = base._decode(blob)
+    arrays["m1.b"] = np.zeros(7)  # the second member's state is broken: nothing loads
+    with pytest.raises(StateFormatError):
+        target.load_arm_state("a", base._encode({k: v for k, v in header.items() if k != "arrays"}, arrays))
+    assert [m.arm_state_bytes("a") for m in target.members] == before
+    with pytest.raises(StateFormatError, match="members"):
+        make_policy("portfolio", dim=3, members=[GOOD, POOR]).load_arm_state("a", blob)  # another order is another portfolio
+    target.load_arm_state("a", blob)
+    assert target.arm_state_bytes("a") == blob
+
+
+@pytest.mark.parametrize(
+    "params, message",
+    [
+        ({"members": [GOOD]}, "at least two"),
+        ({"members": [GOOD, {"policy": "shared_lin_ucb"}]}, r"members\[1\]\.policy: 'shared_lin_ucb' cannot be a member"),
+        ({"members": [GOOD, {"policy": "portfolio"}]}, r"members\[1\]\.policy: 'portfolio' cannot be a member"),
+        ({"members": [GOOD, {"policy": "lin_xyz"}]}, r"members\[1\]\.policy: unknown policy 'lin_xyz'"),
+        ({"members": [GOOD, {**GOOD, "seed": 3}]}, r"members\[1\]\.seed: set by the portfolio"),
+        ({"members": [GOOD, dict(GOOD)]}, "labels must be distinct"),
+        ({"members": [GOOD, {"policy": "lin_ucb", "alpha": -1}]}, r"members\[1\] \(lin_ucb\(alpha=-1\)\): alpha"),
+        ({"members": [GOOD, POOR], "level": 1.5}, "level must be in"),
+        ({"members": [GOOD, POOR], "alpha": 0.3}, "unexpected parameter"),
+    ],
+)
+def test_a_bad_portfolio_is_refused_naming_the_member(params, message):
+    with pytest.raises(ValueError, match=message):
+        DomainSettings(policy="portfolio", params=params)
