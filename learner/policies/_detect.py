@@ -57,16 +57,20 @@ restarted learner continues bit for bit and a snapshot shows the alarm count
 detector) loads with the detector fresh. Everything is a function of the batches and the
 state: the same batches give the same bits.
 
-The floating-point operations and their order are fixed (:func:`_detect_arms`) where numpy or
-BLAS would choose an order, so that compiled code can repeat them bit for bit: ``x . theta``
-is summed left to right from the first product; ``g`` of a batch is ``W_t - min(0, min_(s<=t) W_s)`` with ``W_t = g_0 + (step_1 + ... + step_t)`` summed
-left to right (equal to the recursion of 3.); and with ``p_k = decay^k`` built as a running
-product (``p_0 = 1``, ``p_k = p_(k-1) * decay``, ``decay = 1 - 1 / MEMORY``), an arm's ``m``
-learned residuals ``e_1 .. e_m`` update its statistics as ``n <- p_m * n + (p_(m-1) + ... +
-p_0)``, ``total <- p_m * total + (p_(m-1) * e_1 + ... + p_0 * e_m)`` and ``total_abs`` alike
-with ``|e_i|``, each sum left to right from its first term. (Before, the residuals and these
-sums were BLAS dot products and ``p_k`` powers: a state written then continues with these
-roundings, which differ from those in the last bits.)
+When the C extension ``learner._fastscore`` is built, its ``detect`` runs the loop over a
+batch's arms (per arm, a dozen small numpy calls cost more than the arithmetic: at d = 32 the
+detector halved the update rate); :func:`_detect_arms`, in numpy, is the fallback and the
+reference. Both do the same floating-point operations in the same order, so a source tree
+without a compiler gives the same state, bit for bit. That order is fixed where numpy or BLAS
+would choose one: ``x . theta`` is summed left to right from the first product; ``g`` of a
+batch is ``W_t - min(0, min_(s<=t) W_s)`` with ``W_t = g_0 + (step_1 + ... + step_t)``
+summed left to right (equal to the recursion of 3.); and with ``p_k = decay^k`` built as a
+running product (``p_0 = 1``, ``p_k = p_(k-1) * decay``, ``decay = 1 - 1 / MEMORY``), an
+arm's ``m`` learned residuals ``e_1 .. e_m`` update its statistics as ``n <- p_m * n +
+(p_(m-1) + ... + p_0)``, ``total <- p_m * total + (p_(m-1) * e_1 + ... + p_0 * e_m)`` and
+``total_abs`` alike with ``|e_i|``, each sum left to right from its first term. (Before the
+compiled path, the residuals and these sums were BLAS dot products and ``p_k`` powers: a
+state written then continues with these roundings, which differ from those in the last bits.)
 """
 
 from __future__ import annotations
@@ -75,6 +79,11 @@ import math
 from typing import Any
 
 import numpy as np
+
+try:
+    from learner import _fastscore
+except ImportError:  # not built: the numpy path below detects
+    _fastscore = None
 
 #: Page-Hinkley allowance, in residual sds: half the smallest shift detected fast.
 DELTA = 0.5
@@ -132,7 +141,21 @@ class DriftDetection:
         watched = arrays["detect_rows"][slots] >= self.dim
         theta = self._means_of(slots[watched]) if watched.any() else np.zeros((0, self.dim))
         keep, threshold = np.ones(len(slots)), self.detect_threshold
-        _detect_arms(state, keep, slots, starts, counts, X, r, w, watched, theta, threshold, self.detect_keep)
+        if _fastscore is not None:
+            _fastscore.detect(
+                *state,
+                keep,
+                slots,
+                starts,
+                counts,
+                np.ascontiguousarray(X),
+                np.ascontiguousarray(r),
+                np.ascontiguousarray(w),
+                np.ascontiguousarray(theta),
+                (self.dim, CALIBRATION, _DECAY, _SD_FROM_MEAN_ABS, DELTA, CLIP, threshold, self.detect_keep),
+            )
+        else:
+            _detect_arms(state, keep, slots, starts, counts, X, r, w, watched, theta, threshold, self.detect_keep)
         return keep if (keep < 1.0).any() else None
 
     def _means_of(self, slots: np.ndarray) -> np.ndarray:
@@ -155,8 +178,9 @@ def _detect_arms(
     threshold: float,
     keep_on_alarm: float,
 ) -> None:
-    """The detector over a batch: updates ``state`` (stats, ph, rows, alarms) in place and sets
-    ``keep[j]`` of a flagged arm j."""
+    """The detector over a batch in numpy (the reference; ``learner._fastscore.detect`` does the
+    same operations in the same order): updates ``state`` (stats, ph, rows, alarms) in place and
+    sets ``keep[j]`` of a flagged arm j."""
     stats, ph, rows, alarms = state
     theta_of_row = np.zeros(X.shape)
     for t, (lo, k) in enumerate(zip(starts[watched].tolist(), counts[watched].tolist())):
@@ -199,7 +223,7 @@ def _detect_arms(
 
 def _row_dots(X: np.ndarray, T: np.ndarray) -> np.ndarray:
     """``X[i] . T[i]`` for every row, summed left to right from the first product (a
-    cumulative sum, which numpy adds in order; BLAS's order is its own)."""
+    cumulative sum, which numpy adds in order; BLAS's order is its own and not repeatable in C)."""
     return np.cumsum(X * T, axis=1)[:, -1]
 
 
