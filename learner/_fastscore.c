@@ -32,7 +32,8 @@
  * Also: rank_one() and add_outer() are the shared models' in-place updates (the factor, and
  * A; learner.linalg.rank_one_update, learner/policies/_linear.py), repeated_row() builds the
  * (K, d) candidate rows of a per-arm model (the context row, K times; learner.features),
- * all_finite() checks rows before scoring (learner.policies.base),
+ * all_finite() checks rows before scoring (learner.policies.base), detect() is the per-arm
+ * linear policies' change detector over a batch (learner/policies/_detect.py),
  * and hash_record() and assemble() are FeatureEncoder's per-record hashing and batch summing
  * (learner.features), the encoding the join worker spends most on.
  * Python (numpy) stays the fallback for all of it when this module is not built.
@@ -861,6 +862,239 @@ PyDoc_STRVAR(add_outer_doc,
 "A += z z^T for each row z of Z (k, d), in order, in place: the bits of k one-row updates\n"
 "A += z[:, None] @ z[None, :], in one pass over A.");
 
+/* ---- the per-arm change detector (learner/policies/_detect.py: _detect_arms) ---------------
+ *
+ * The numpy reference's loop over the arms of a batch, with the same operations in the same
+ * order, so a learner's detector state has the same bits whether or not this module is built:
+ *
+ *   - residual e = r - x . theta, the dot summed left to right from the first product
+ *     (_row_dots: a cumulative sum), only for rows of weight > 0;
+ *   - z = clip((e - total / n) / max(sqrt(pi / 2) * total_abs / n, 1e-12), -CLIP, CLIP);
+ *   - each side's g_t = W_t - min(0, min_(s<=t) W_s), W_t = g_0 + (steps_1 + ... + steps_t)
+ *     summed left to right (_page_hinkley: np.cumsum and np.minimum.accumulate; steps are
+ *     z - DELTA and -z - DELTA, never -0.0, so no W is -0.0 and no tie between zeros of two
+ *     signs arises); an alarm at the first t where either g_t exceeds the threshold;
+ *   - with p_k = decay^k as running products (p_0 = 1, p_k = p_(k-1) * decay; np.cumprod) and
+ *     the arm's m learned residuals e_1..e_m: n <- p_m n + (p_(m-1) + ... + p_0), and total,
+ *     total_abs alike with p_(m-i) e_i and p_(m-i) |e_i|, each sum left to right from its
+ *     first term (np.cumsum).
+ *
+ * Plain double arithmetic, no fused multiply-adds (-ffp-contract=off), no reassociation. */
+
+static inline double
+row_dot(const double *x, const double *t, Py_ssize_t d)
+{
+    double s = x[0] * t[0];
+    for (Py_ssize_t i = 1; i < d; i++)
+        s += x[i] * t[i];
+    return s;
+}
+
+/* row_dot of four rows at once: four independent chains in flight (one would wait on each
+ * addition's latency), each row's sum in its own order as above */
+static inline void
+row_dots4(const double *x0, const double *x1, const double *x2, const double *x3, const double *t, Py_ssize_t d,
+          double *out)
+{
+    double s0 = x0[0] * t[0], s1 = x1[0] * t[0], s2 = x2[0] * t[0], s3 = x3[0] * t[0];
+    for (Py_ssize_t i = 1; i < d; i++) {
+        s0 += x0[i] * t[i];
+        s1 += x1[i] * t[i];
+        s2 += x2[i] * t[i];
+        s3 += x3[i] * t[i];
+    }
+    out[0] = s0;
+    out[1] = s1;
+    out[2] = s2;
+    out[3] = s3;
+}
+
+enum { D_STATS, D_PH, D_ROWS, D_ALARMS, D_KEEP, D_SLOTS, D_STARTS, D_COUNTS, D_X, D_R, D_W, D_THETA, D_N };
+
+PyDoc_STRVAR(detect_doc,
+"detect(stats, ph, rows, alarms, keep, slots, starts, counts, X, r, w, theta,\n"
+"       (watch_after, calibration, decay, sd_from_mean_abs, delta, clip, threshold, keep_on_alarm))\n\n"
+"learner.policies._detect._detect_arms compiled: the residual change detector over a batch whose\n"
+"arm j (slot slots[j]) has the rows [starts[j], starts[j] + counts[j]) of X (n, d), r and w.\n"
+"Updates the arms' detector state in place (stats (cap, 3), ph (cap, 2), rows and alarms (cap,)\n"
+"int64) and sets keep[j] = keep_on_alarm for an arm flagged. The arms with rows[slot] >=\n"
+"watch_after when the call starts are the watched ones; theta holds their posterior means, one\n"
+"row each, in order.");
+
+static PyObject *
+detect(PyObject *module, PyObject *args)
+{
+    static const struct {
+        int ndim;
+        char kind;
+        int writable;
+        const char *name;
+    } spec[D_N] = {
+        {2, 'd', 1, "stats"}, {2, 'd', 1, "ph"},     {1, 'n', 1, "rows"},   {1, 'n', 1, "alarms"},
+        {1, 'd', 1, "keep"},  {1, 'n', 0, "slots"},  {1, 'n', 0, "starts"}, {1, 'n', 0, "counts"},
+        {2, 'd', 0, "X"},     {1, 'd', 0, "r"},      {1, 'd', 0, "w"},      {2, 'd', 0, "theta"},
+    };
+    PyObject *obj[D_N];
+    Py_ssize_t watch_after;
+    double calibration, decay, sd_from_mean_abs, delta, clip, threshold, keep_on_alarm;
+    if (!PyArg_ParseTuple(args, "OOOOOOOOOOOO(nddddddd):detect", &obj[D_STATS], &obj[D_PH], &obj[D_ROWS],
+                          &obj[D_ALARMS], &obj[D_KEEP], &obj[D_SLOTS], &obj[D_STARTS], &obj[D_COUNTS], &obj[D_X],
+                          &obj[D_R], &obj[D_W], &obj[D_THETA], &watch_after, &calibration, &decay,
+                          &sd_from_mean_abs, &delta, &clip, &threshold, &keep_on_alarm))
+        return NULL;
+    Py_buffer v[D_N];
+    int got = 0, ok = 1;
+    for (; got < D_N; got++) {
+        if (get_array(obj[got], &v[got], spec[got].ndim, spec[got].kind, spec[got].writable, spec[got].name) < 0) {
+            ok = 0;
+            break;
+        }
+    }
+    char *block = NULL;
+    Py_ssize_t cap = 0, n_arms = 0, n = 0, d = 0, maxk = 0;
+    if (ok) {
+        cap = v[D_STATS].shape[0];
+        n_arms = v[D_SLOTS].shape[0];
+        n = v[D_X].shape[0];
+        d = v[D_X].shape[1];
+        if (v[D_STATS].shape[1] != 3 || v[D_PH].shape[0] != cap || v[D_PH].shape[1] != 2 || v[D_ROWS].shape[0] != cap
+            || v[D_ALARMS].shape[0] != cap || v[D_KEEP].shape[0] != n_arms || v[D_STARTS].shape[0] != n_arms
+            || v[D_COUNTS].shape[0] != n_arms || v[D_R].shape[0] != n || v[D_W].shape[0] != n || d < 1
+            || v[D_THETA].shape[1] != d) {
+            PyErr_SetString(PyExc_ValueError,
+                            "detect needs stats (cap, 3), ph (cap, 2), rows and alarms (cap,), keep, slots, starts "
+                            "and counts (arms,), X (n, d >= 1), r and w (n,), theta (watched, d)");
+            ok = 0;
+        }
+    }
+    const Py_ssize_t *slots = ok ? v[D_SLOTS].buf : NULL, *starts = ok ? v[D_STARTS].buf : NULL;
+    const Py_ssize_t *counts = ok ? v[D_COUNTS].buf : NULL;
+    Py_ssize_t *rows = ok ? v[D_ROWS].buf : NULL, n_watched = 0;
+    for (Py_ssize_t j = 0; ok && j < n_arms; j++) {
+        if (slots[j] < 0 || slots[j] >= cap) {
+            PyErr_Format(PyExc_IndexError, "slot %zd out of range for %zd arms", slots[j], cap);
+            ok = 0;
+        }
+        else if (starts[j] < 0 || counts[j] < 0 || starts[j] > n - counts[j]) {
+            PyErr_Format(PyExc_IndexError, "arm %zd's rows [%zd, %zd + %zd) are not within the batch's %zd", j,
+                         starts[j], starts[j], counts[j], n);
+            ok = 0;
+        }
+        else {
+            n_watched += rows[slots[j]] >= watch_after;
+            if (counts[j] > maxk)
+                maxk = counts[j];
+        }
+    }
+    if (ok && n_watched != v[D_THETA].shape[0]) {
+        PyErr_Format(PyExc_ValueError, "theta has %zd rows for %zd watched arms", v[D_THETA].shape[0], n_watched);
+        ok = 0;
+    }
+    /* scratch: p_0..p_maxk, the residuals of one arm, its learned rows, the watched flags */
+    if (ok && !(block = PyMem_Malloc((size_t)(2 * maxk + 1) * sizeof(double) + (size_t)maxk * sizeof(Py_ssize_t)
+                                     + (size_t)n_arms + 1))) {
+        PyErr_NoMemory();
+        ok = 0;
+    }
+    if (ok) {
+        double *powers = (double *)block, *e = powers + maxk + 1;
+        Py_ssize_t *learned = (Py_ssize_t *)(e + maxk);
+        char *watched = (char *)(learned + maxk);
+        double *stats = v[D_STATS].buf, *ph = v[D_PH].buf, *keep = v[D_KEEP].buf;
+        Py_ssize_t *alarms = v[D_ALARMS].buf;
+        const double *X = v[D_X].buf, *r = v[D_R].buf, *w = v[D_W].buf, *theta = v[D_THETA].buf;
+        powers[0] = 1.0;
+        for (Py_ssize_t k = 1; k <= maxk; k++)
+            powers[k] = powers[k - 1] * decay;
+        for (Py_ssize_t j = 0; j < n_arms; j++) /* as the call finds them, before any changes */
+            watched[j] = rows[slots[j]] >= watch_after;
+        for (Py_ssize_t j = 0, t = 0; j < n_arms; j++) {
+            Py_ssize_t slot = slots[j], lo = starts[j], k = counts[j], m = 0;
+            if (!watched[j]) {
+                for (Py_ssize_t i = lo; i < lo + k; i++)
+                    m += w[i] > 0.0;
+                rows[slot] += m;
+                continue;
+            }
+            const double *th = theta + (t++) * d;
+            for (Py_ssize_t i = lo; i < lo + k; i++)
+                if (w[i] > 0.0)
+                    learned[m++] = i;
+            if (m == 0)
+                continue;
+            Py_ssize_t q = 0;
+            for (; q + 4 <= m; q += 4) {
+                const Py_ssize_t *at = learned + q;
+                row_dots4(X + at[0] * d, X + at[1] * d, X + at[2] * d, X + at[3] * d, th, d, e + q);
+                for (int u = 0; u < 4; u++)
+                    e[q + u] = r[at[u]] - e[q + u];
+            }
+            for (; q < m; q++)
+                e[q] = r[learned[q]] - row_dot(X + learned[q] * d, th, d);
+            double *st = stats + 3 * slot, *g = ph + 2 * slot;
+            double count = st[0], total = st[1], total_abs = st[2];
+            if (count >= calibration) {
+                double scale = sd_from_mean_abs * total_abs / count;
+                if (1e-12 > scale) /* Python's max(scale, 1e-12) */
+                    scale = 1e-12;
+                double mean = total / count, start_up = g[0], start_down = g[1];
+                double sum_up = 0.0, sum_down = 0.0, min_up = 0.0, min_down = 0.0, up = 0.0, down = 0.0;
+                int alarm = 0;
+                for (Py_ssize_t i = 0; i < m; i++) {
+                    double z = (e[i] - mean) / scale;
+                    if (z < -clip)
+                        z = -clip;
+                    else if (z > clip)
+                        z = clip;
+                    double step_up = z - delta, step_down = -z - delta;
+                    sum_up = i == 0 ? step_up : sum_up + step_up;
+                    sum_down = i == 0 ? step_down : sum_down + step_down;
+                    double w_up = start_up + sum_up, w_down = start_down + sum_down;
+                    if (i == 0 || w_up < min_up)
+                        min_up = w_up;
+                    if (i == 0 || w_down < min_down)
+                        min_down = w_down;
+                    up = w_up - (min_up < 0.0 ? min_up : 0.0);
+                    down = w_down - (min_down < 0.0 ? min_down : 0.0);
+                    if (up > threshold || down > threshold) {
+                        alarm = 1;
+                        break;
+                    }
+                }
+                if (alarm) { /* back to the start; the batch's later rows are not tested */
+                    keep[j] = keep_on_alarm;
+                    alarms[slot] += 1;
+                    st[0] = st[1] = st[2] = 0.0;
+                    g[0] = g[1] = 0.0;
+                    rows[slot] = 0;
+                    continue;
+                }
+                g[0] = up;
+                g[1] = down;
+            }
+            double p = powers[m - 1];
+            double sum_w = p, sum_e = p * e[0], sum_abs = p * fabs(e[0]);
+            for (Py_ssize_t i = 1; i < m; i++) {
+                p = powers[m - 1 - i];
+                sum_w += p;
+                sum_e += p * e[i];
+                sum_abs += p * fabs(e[i]);
+            }
+            double old = powers[m];
+            st[0] = old * count + sum_w;
+            st[1] = old * total + sum_e;
+            st[2] = old * total_abs + sum_abs;
+            rows[slot] += m;
+        }
+    }
+    PyMem_Free(block);
+    while (got > 0)
+        PyBuffer_Release(&v[--got]);
+    if (!ok)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
 /* ---- FeatureEncoder._hash_record ------------------------------------------------------------
  *
  * learner/features.py's Python loop, the same steps in the same order, over the same caches:
@@ -1406,14 +1640,15 @@ static PyMethodDef methods[] = {
     {"add_outer", add_outer, METH_VARARGS, add_outer_doc},
     {"hash_record", (PyCFunction)(void (*)(void))hash_record, METH_FASTCALL, hash_record_doc},
     {"assemble", assemble, METH_VARARGS, assemble_doc},
+    {"detect", detect, METH_VARARGS, detect_doc},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "learner._fastscore",
     "The SDK's decision step compiled (linear scores, draws, floor, choice; candidate rows of\n"
-    "per-arm models), the shared models' rank-one updates and the feature encoding's hashing\n"
-    "and summing; see learner/_fastscore.c.", -1, methods,
+    "per-arm models), the shared models' rank-one updates, the per-arm models' change detector\n"
+    "and the feature encoding's hashing and summing; see learner/_fastscore.c.", -1, methods,
 };
 
 PyMODINIT_FUNC

@@ -1,14 +1,15 @@
 """The residual change detector of the per-arm linear policies (learner/policies/_detect.py):
 it flags an arm whose rewards change, soon, and not a stationary one; it discounts what it flags
 toward the prior as documented; its state travels with the arm's, bit for bit; states written
-before it still load."""
+before it still load; the compiled detector (learner._fastscore.detect) and the numpy one give
+the same bits."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from learner.policies import Policy, StateFormatError, make_policy
+from learner.policies import Policy, StateFormatError, _detect, make_policy
 from learner.policies._detect import CALIBRATION
 from learner.policies.base import _decode, _encode
 
@@ -142,6 +143,52 @@ def test_a_learner_reloaded_from_its_bytes_anywhere_continues_bit_for_bit(name):
     assert alarms(uninterrupted)["b"] >= 1
     view = Policy.from_bytes(uninterrupted.scoring_view().to_bytes())  # what the SDK holds
     assert alarms(view) == alarms(uninterrupted)
+
+
+@pytest.mark.parametrize("keep", [0.0, 0.5])
+@pytest.mark.parametrize("name", DETECTING)
+def test_the_compiled_detector_and_the_numpy_one_give_the_same_bits(name, keep, monkeypatch):
+    """Seeded batches of uneven size, arms of uneven share (one arriving late, so rows before
+    calibration come mid-stream), zero weights (whole arms of a batch among them) and a real
+    shift, through learner._fastscore.detect and through the numpy fallback: every arm's state,
+    after every batch, byte for byte."""
+    assert _detect._fastscore is not None, "learner._fastscore is not built (pip install builds it)"
+    arms_of = ("a", "b", "c", "d")
+    X, arms, r = world(5000, seed=11, arms=arms_of, change_at=2500, changed="b")
+    rng = np.random.default_rng(12)
+    arms = [a if a != "d" or i >= 1500 else "c" for i, a in enumerate(arms)]  # d arrives at row 1500
+    w = rng.choice([0.0, 0.3, 1.0, 2.5], size=len(r), p=[0.15, 0.15, 0.55, 0.15])
+    w[[i for i, a in enumerate(arms) if a == "a" and 1000 <= i < 1100]] = 0.0  # a batch or two where a learns nothing
+    batches, lo = [], 0
+    while lo < len(r):
+        k = int(rng.choice([1, 2, 3, 7, 10, 40, 150]))
+        batches.append(slice(lo, lo + k))
+        lo += k
+
+    def run(compiled: bool) -> list[dict[str, bytes]]:
+        calls = []
+        real = _detect._fastscore
+
+        class Spy:  # the compiled module, counting its detector's calls
+            @staticmethod
+            def detect(*args):
+                calls.append(1)
+                return real.detect(*args)
+
+        monkeypatch.setattr(_detect, "_fastscore", Spy if compiled else None)
+        policy = make_policy(name, dim=DIM, detect=True, detect_keep=keep, detect_threshold=12.0, seed=1)
+        states = []
+        for b in batches:
+            policy.update_batch(X[b], arms[b], r[b], w[b])
+            states.append({arm: policy.arm_state_bytes(arm) for arm in policy.arm_ids()})
+        monkeypatch.undo()
+        assert alarms(policy)["b"] >= 1 and alarms(policy)["a"] == 0
+        assert len(calls) == (len(batches) if compiled else 0)
+        return states
+
+    compiled, fallback = run(True), run(False)
+    for i, (got, want) in enumerate(zip(compiled, fallback)):
+        assert got == want, f"batch {i}"
 
 
 @pytest.mark.parametrize("name", DETECTING)

@@ -56,6 +56,21 @@ restarted learner continues bit for bit and a snapshot shows the alarm count
 (:meth:`~learner.policies.base.Policy.drift`). A state written without them (before the
 detector) loads with the detector fresh. Everything is a function of the batches and the
 state: the same batches give the same bits.
+
+When the C extension ``learner._fastscore`` is built, its ``detect`` runs the loop over a
+batch's arms (per arm, a dozen small numpy calls cost more than the arithmetic: at d = 32 the
+detector halved the update rate); :func:`_detect_arms`, in numpy, is the fallback and the
+reference. Both do the same floating-point operations in the same order, so a source tree
+without a compiler gives the same state, bit for bit. That order is fixed where numpy or BLAS
+would choose one: ``x . theta`` is summed left to right from the first product; ``g`` of a
+batch is ``W_t - min(0, min_(s<=t) W_s)`` with ``W_t = g_0 + (step_1 + ... + step_t)``
+summed left to right (equal to the recursion of 3.); and with ``p_k = decay^k`` built as a
+running product (``p_0 = 1``, ``p_k = p_(k-1) * decay``, ``decay = 1 - 1 / MEMORY``), an
+arm's ``m`` learned residuals ``e_1 .. e_m`` update its statistics as ``n <- p_m * n +
+(p_(m-1) + ... + p_0)``, ``total <- p_m * total + (p_(m-1) * e_1 + ... + p_0 * e_m)`` and
+``total_abs`` alike with ``|e_i|``, each sum left to right from its first term. (Before the
+compiled path, the residuals and these sums were BLAS dot products and ``p_k`` powers: a
+state written then continues with these roundings, which differ from those in the last bits.)
 """
 
 from __future__ import annotations
@@ -64,6 +79,11 @@ import math
 from typing import Any
 
 import numpy as np
+
+try:
+    from learner import _fastscore
+except ImportError:  # not built: the numpy path below detects
+    _fastscore = None
 
 #: Page-Hinkley allowance, in residual sds: half the smallest shift detected fast.
 DELTA = 0.5
@@ -74,6 +94,8 @@ MEMORY = 500
 #: Rows that set the residual mean and scale before the statistic is tested.
 CALIBRATION = 30
 _SD_FROM_MEAN_ABS = math.sqrt(math.pi / 2.0)
+#: Per-row discount of the running residual mean and scale.
+_DECAY = 1.0 - 1.0 / MEMORY
 
 
 class DriftDetection:
@@ -115,47 +137,114 @@ class DriftDetection:
         if not self.detect:
             return None
         arrays = self._arrays
-        stats, ph, rows, alarms = (arrays[n] for n in ("detect_stats", "detect_ph", "detect_rows", "detect_alarms"))
-        watched = rows[slots] >= self.dim
-        theta = self._means_of(slots[watched]) if watched.any() else None
-        theta_of = np.cumsum(watched) - 1  # arm j's row of theta, when it is watched
-        keep = np.ones(len(slots))
-        decay = 1.0 - 1.0 / MEMORY
-        for j, (slot, lo, k) in enumerate(zip(slots.tolist(), starts.tolist(), counts.tolist())):
-            learned = w[lo : lo + k] > 0.0
-            if not watched[j]:
-                rows[slot] += int(np.count_nonzero(learned))
-                continue
-            Xa, ra = X[lo : lo + k], r[lo : lo + k]
-            if not learned.all():
-                Xa, ra = Xa[learned], ra[learned]
-            if not len(ra):
-                continue
-            e = ra - Xa @ theta[theta_of[j]]
-            n, total, total_abs = stats[slot].tolist()
-            if n >= CALIBRATION:
-                scale = max(_SD_FROM_MEAN_ABS * total_abs / n, 1e-12)
-                z = np.clip((e - total / n) / scale, -CLIP, CLIP)
-                up = _page_hinkley(ph[slot, 0], z - DELTA)
-                down = _page_hinkley(ph[slot, 1], -z - DELTA)
-                if (up > self.detect_threshold).any() or (down > self.detect_threshold).any():
-                    keep[j] = self.detect_keep
-                    alarms[slot] += 1
-                    stats[slot] = 0.0
-                    ph[slot] = 0.0
-                    rows[slot] = 0
-                    continue
-                ph[slot] = up[-1], down[-1]
-            weights = decay ** np.arange(len(e) - 1, -1, -1, dtype=np.float64)
-            old = decay ** len(e)
-            stats[slot] = old * n + weights.sum(), old * total + weights @ e, old * total_abs + weights @ np.abs(e)
-            rows[slot] += len(e)
+        state = tuple(arrays[n] for n in ("detect_stats", "detect_ph", "detect_rows", "detect_alarms"))
+        watched = arrays["detect_rows"][slots] >= self.dim
+        theta = self._means_of(slots[watched]) if watched.any() else np.zeros((0, self.dim))
+        keep, threshold = np.ones(len(slots)), self.detect_threshold
+        if _fastscore is not None:
+            _fastscore.detect(
+                *state,
+                keep,
+                slots,
+                starts,
+                counts,
+                np.ascontiguousarray(X),
+                np.ascontiguousarray(r),
+                np.ascontiguousarray(w),
+                np.ascontiguousarray(theta),
+                (self.dim, CALIBRATION, _DECAY, _SD_FROM_MEAN_ABS, DELTA, CLIP, threshold, self.detect_keep),
+            )
+        else:
+            _detect_arms(state, keep, slots, starts, counts, X, r, w, watched, theta, threshold, self.detect_keep)
         return keep if (keep < 1.0).any() else None
 
     def _means_of(self, slots: np.ndarray) -> np.ndarray:
         """``theta = A^-1 b`` of these arms from their statistics as they stand (one stacked
         solve: a function of ``A`` and ``b`` alone, whatever was cached or decided before)."""
         return np.linalg.solve(self._arrays["A"][slots], self._arrays["b"][slots][:, :, None])[:, :, 0]
+
+
+def _detect_arms(
+    state: tuple[np.ndarray, ...],
+    keep: np.ndarray,
+    slots: np.ndarray,
+    starts: np.ndarray,
+    counts: np.ndarray,
+    X: np.ndarray,
+    r: np.ndarray,
+    w: np.ndarray,
+    watched: np.ndarray,
+    theta: np.ndarray,
+    threshold: float,
+    keep_on_alarm: float,
+) -> None:
+    """The detector over a batch in numpy (the reference; ``learner._fastscore.detect`` does the
+    same operations in the same order): updates ``state`` (stats, ph, rows, alarms) in place and
+    sets ``keep[j]`` of a flagged arm j."""
+    stats, ph, rows, alarms = state
+    theta_of_row = np.zeros(X.shape)
+    for t, (lo, k) in enumerate(zip(starts[watched].tolist(), counts[watched].tolist())):
+        theta_of_row[lo : lo + k] = theta[t]
+    e_all = r - _row_dots(X, theta_of_row)  # every row's at once; those of unwatched arms unused
+    for j, (slot, lo, k) in enumerate(zip(slots.tolist(), starts.tolist(), counts.tolist())):
+        learned = w[lo : lo + k] > 0.0
+        if not watched[j]:
+            rows[slot] += int(np.count_nonzero(learned))
+            continue
+        e = e_all[lo : lo + k]
+        if not learned.all():
+            e = e[learned]
+        if not len(e):
+            continue
+        n, total, total_abs = stats[slot].tolist()
+        if n >= CALIBRATION:
+            scale = max(_SD_FROM_MEAN_ABS * total_abs / n, 1e-12)
+            z = np.clip((e - total / n) / scale, -CLIP, CLIP)
+            up = _page_hinkley(ph[slot, 0], z - DELTA)
+            down = _page_hinkley(ph[slot, 1], -z - DELTA)
+            if (up > threshold).any() or (down > threshold).any():
+                keep[j] = keep_on_alarm
+                alarms[slot] += 1
+                stats[slot] = 0.0
+                ph[slot] = 0.0
+                rows[slot] = 0
+                continue
+            ph[slot] = up[-1], down[-1]
+        powers = _powers(len(e))
+        weights = powers[len(e) - 1 :: -1]  # decay^(m-1), ..., decay^0: the newest row weighs 1
+        old = powers[len(e)]
+        stats[slot] = (
+            old * n + _sequential_sum(weights),
+            old * total + _sequential_sum(weights * e),
+            old * total_abs + _sequential_sum(weights * np.abs(e)),
+        )
+        rows[slot] += len(e)
+
+
+def _row_dots(X: np.ndarray, T: np.ndarray) -> np.ndarray:
+    """``X[i] . T[i]`` for every row, summed left to right from the first product (a
+    cumulative sum, which numpy adds in order; BLAS's order is its own and not repeatable in C)."""
+    return np.cumsum(X * T, axis=1)[:, -1]
+
+
+def _sequential_sum(values: np.ndarray) -> float:
+    """``v_0 + v_1 + ... + v_(m-1)`` left to right (numpy's sum adds pairwise, BLAS in its own order)."""
+    return float(np.cumsum(values)[-1])
+
+
+#: ``decay^k`` for k = 0, 1, ...: each the one before times decay (a cumulative product), so
+#: any prefix is the same whatever length was asked for; grown on demand.
+_POWERS = np.concatenate(([1.0], np.cumprod(np.full(1024, _DECAY))))
+
+
+def _powers(m: int) -> np.ndarray:
+    """``decay^0 .. decay^m`` (at least m + 1 of the table's values)."""
+    global _POWERS
+    table = _POWERS
+    if len(table) <= m:
+        table = np.concatenate(([1.0], np.cumprod(np.full(2 * m, _DECAY))))
+        _POWERS = table
+    return table
 
 
 def _page_hinkley(start: float, steps: np.ndarray) -> np.ndarray:
