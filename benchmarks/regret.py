@@ -71,6 +71,13 @@ mean over seeds, one panel per environment) to ``OUT/regret-curves.png``, and th
 stdout is one JSON object: ``{"envs": {env: {"B200": {"ours", "best_peer", "best_peer_name",
 "ratio", "variants"}, "B1": {...}}}, "T", "seeds", "held_out", ...}``.
 
+``--portfolio [JSON]`` adds the column "ours portfolio": a domain declared ``policy:
+portfolio`` (with these members, a JSON list; default its default members,
+``learner/policies/portfolio.py``), learning as the learner does and choosing who acts as the
+publisher does: before each batch is learned, every member scores its rows (the models that
+have not learned them) and the paired estimate may switch the acting member. Its regret and
+ratio go under ``variants``, with the switches it made under ``portfolio_switches``.
+
 ``--variant NAME:key=value,...`` adds a column of ours with those policy parameters over the
 defaults (JSON values), e.g. ``--variant 'ours+detect:detect=true'``; its regret and ratio to
 the best peer go under ``variants`` in the JSON. The headline stays the defaults.
@@ -111,15 +118,11 @@ from threadpoolctl import threadpool_limits  # noqa: E402
 from benchmarks._regret_envs import HELD_OUT, Stream, available, generate  # noqa: E402
 from learner.domain import DomainSettings  # noqa: E402
 from learner.policies import Portfolio, make_policy  # noqa: E402
+from learner.policies.portfolio import DEFAULT_MEMBERS  # noqa: E402
 
 PEER_FAMILIES = ("mabwiser", "vw", "contextualbandits")
-#: The portfolio of ``--portfolio``: the default policy first (it acts until the log says
-#: otherwise), then the settings the suite shows best elsewhere.
-PORTFOLIO = [
-    {"policy": "lin_igw"},
-    {"policy": "lin_ucb", "alpha": 0.3, "eps0": 0.01},
-    {"policy": "lin_igw", "gamma": 0.998, "label": "lin_igw+forget"},
-]
+#: The portfolio of ``--portfolio`` without a value: ``policy: portfolio``'s default members.
+PORTFOLIO = list(DEFAULT_MEMBERS)
 #: The batch size whose curves are plotted (the first requested one if it is not run).
 PLOT_BATCH = 200
 
@@ -142,6 +145,8 @@ class SuiteConfig:
     out: Path = _HERE / "out"
     #: Steps the slow per-row peers run at B = 1 (0: all T).
     b1_cap: int = 5_000
+    #: ``--portfolio``'s members: each also runs alone, as the column ``m<i>``.
+    members: tuple[dict[str, Any], ...] = ()
 
     def horizon(self, spec: LearnerSpec, batch: int) -> int:
         if batch == 1 and spec.slow_per_row and 0 < self.b1_cap < self.steps:
@@ -354,13 +359,20 @@ def _variant_settings(params: dict[str, Any]) -> DomainSettings:
     return DomainSettings(params=rest) if "policy" not in params else DomainSettings(policy=params["policy"], params=rest)
 
 
+def member_columns(members: Sequence[dict[str, Any]]) -> list[tuple[str, str, dict[str, Any]]]:
+    """(column ``m<i>``, label, the member as a variant's params) of each portfolio member."""
+    labels = Portfolio(1, members=members).labels if members else []
+    return [(f"m{i}", label, {k: v for k, v in m.items() if k != "label"}) for i, (label, m) in enumerate(zip(labels, members))]
+
+
 def learner_specs(
-    peers: Sequence[str], variants: Sequence[tuple[str, dict[str, Any]]] = ()
+    peers: Sequence[str], variants: Sequence[tuple[str, dict[str, Any]]] = (), members: Sequence[dict[str, Any]] = ()
 ) -> tuple[list[LearnerSpec], list[str]]:
     """The columns to run, ours first, and a note for every requested peer that cannot run."""
     specs = [
         LearnerSpec("ours", "ours", DomainLearner),
         *(LearnerSpec(name, "ours", _variant_learner(params)) for name, params in variants),
+        *(LearnerSpec(column, "ours", _variant_learner(params)) for column, _, params in member_columns(members)),
         LearnerSpec("our LinUCB", "ours", functools.partial(PolicyLearner, "lin_ucb")),
         LearnerSpec("our LinTS", "ours", functools.partial(PolicyLearner, "lin_ts")),
         LearnerSpec("our IGW", "ours", functools.partial(PolicyLearner, "lin_igw")),
@@ -432,6 +444,8 @@ class Suite:
         self.outcomes: dict[tuple[str, int, str], list[Outcome]] = defaultdict(list)
         self.uniform: dict[str, list[tuple[float, float]]] = defaultdict(list)  # (total, at cap)
         self.curves: dict[str, dict[str, np.ndarray]] = defaultdict(dict)  # summed over seeds
+        #: (env, batch) -> per seed, the portfolio's acting member at the end and its switches
+        self.acting: dict[tuple[str, int], list[tuple[str, int]]] = defaultdict(list)
         self.shapes: dict[str, str] = {}
         self.plot_batch = PLOT_BATCH if PLOT_BATCH in cfg.batch_sizes else cfg.batch_sizes[0]
 
@@ -457,8 +471,12 @@ class Suite:
     def _run_one(self, env: str, seed: int, batch: int, spec: LearnerSpec, stream: Stream, best: np.ndarray) -> None:
         steps = self.cfg.horizon(spec, batch)
         t0 = time.perf_counter()
-        regret = run(spec.build(stream, seed), stream, best, batch, steps)
+        learner = spec.build(stream, seed)
+        regret = run(learner, stream, best, batch, steps)
         seconds = time.perf_counter() - t0
+        policy = getattr(learner, "policy", None)
+        if isinstance(policy, Portfolio):
+            self.acting[env, batch].append((policy.acting_label, len(policy.switches)))
         self.outcomes[env, batch, spec.name].append(
             Outcome(float(regret.sum()), float(regret[: self.cfg.b1_cap].sum()), steps, seconds)
         )
@@ -494,7 +512,27 @@ class Suite:
                 for name in (name for name, _ in self.cfg.variants)
                 for regret in [self.mean(env, batch, name, at_cap)]
             }
+        if self.acting.get((env, batch)) and not at_cap:
+            figures["portfolio"] = self.portfolio_figures(env, batch)
         return figures
+
+    def portfolio_figures(self, env: str, batch: int) -> dict[str, Any]:
+        """Who the portfolio ended with per seed, its switches, each member's regret alone and
+        ``picked_over_best``: per seed, the regret alone of the member it ended with over the
+        best member's (1.0: it picked the best)."""
+        columns = member_columns(self.cfg.members)
+        alone = {label: [o.total for o in self.outcomes[env, batch, column]] for column, label, _ in columns}
+        picked = []
+        for i, (label, _) in enumerate(self.acting[env, batch]):
+            if label in alone:
+                picked.append(alone[label][i] / max(min(regrets[i] for regrets in alone.values()), 1e-9))
+        return {
+            "acting": [label for label, _ in self.acting[env, batch]],
+            "switches": [n for _, n in self.acting[env, batch]],
+            "members": {label: float(np.mean(regrets)) for label, regrets in alone.items()},
+            "best_member": min(alone, key=lambda label: np.mean(alone[label])) if alone else None,
+            "picked_over_best": picked,
+        }
 
     def results(self) -> dict[str, Any]:
         envs: dict[str, Any] = {}
@@ -673,6 +711,7 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[SuiteConfig, list[str
             parser.error(f"unknown peer {name!r}; known: {', '.join(PEER_FAMILIES)}")
     if not args.batch_sizes or min(args.batch_sizes) < 1:
         parser.error("--batch-sizes needs positive integers")
+    members = json.loads(args.portfolio) if args.portfolio else []
     steps = args.steps or (2_000 if args.quick else SuiteConfig.steps)
     seeds = args.seeds or ((0,) if args.quick else SuiteConfig.seeds)
     notes = [f"{name} skipped: {unavailable[name]}" for name in envs if name in unavailable]
@@ -682,8 +721,8 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[SuiteConfig, list[str
         batch_sizes=args.batch_sizes,
         envs=tuple(name for name in envs if name not in unavailable),
         peers=args.peers,
-        variants=tuple(args.variant) + ((("ours portfolio", {"policy": "portfolio", "members": json.loads(args.portfolio)}),)
-                                        if args.portfolio else ()),
+        variants=tuple(args.variant) + ((("ours portfolio", {"policy": "portfolio", "members": members}),) if members else ()),
+        members=tuple(members),
         out=args.out,
         b1_cap=args.b1_cap,
     )
@@ -706,7 +745,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         except ValueError as exc:
             print(f"variant {name!r}: {exc}", file=sys.stderr)
             return 2
-    specs, peer_notes = learner_specs(cfg.peers, cfg.variants)
+    specs, peer_notes = learner_specs(cfg.peers, cfg.variants, cfg.members)
     notes += peer_notes
     out = Console(width=220)
     err = Console(stderr=True)
@@ -726,6 +765,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         out.print(suite.table(batch))
         if batch == 1 and cfg.capped:
             out.print(suite.table(batch, at_cap=True))
+    for column, label, _ in member_columns(cfg.members):
+        out.print(f"{column}: portfolio member {label}, alone")
     out.print(suite.timing_table())
     for note in notes:
         out.print(f"[yellow]note:[/] {note}")

@@ -72,10 +72,20 @@ import numpy as np
 from learner.policies.base import Choice, Drift, Policy, Prior, _decode, _encode, canonical_arm, valid_dim
 from learner.policies.errors import ScoringOnlyError, StateFormatError
 
-__all__ = ["MAX_SWITCHES", "Portfolio", "describe_state"]
+__all__ = ["DEFAULT_MEMBERS", "MAX_SWITCHES", "Portfolio", "describe_state"]
 
 #: Switches kept in the state (the newest).
 MAX_SWITCHES = 20
+#: The members of ``policy: portfolio`` without ``members``: the default policy first (it acts
+#: until the log says otherwise), LinUCB with a floor fit for evaluation, and both forgetting
+#: (``gamma`` 0.995). Chosen by ``benchmarks/regret.py`` (README, "Which policy"): never worse
+#: than the default alone beyond noise, and the forgetting LinUCB takes over on a slow drift.
+DEFAULT_MEMBERS = (
+    {"policy": "lin_igw"},
+    {"policy": "lin_ucb", "alpha": 0.3, "eps0": 0.01},
+    {"policy": "lin_igw", "gamma": 0.995},
+    {"policy": "lin_ucb", "alpha": 0.3, "eps0": 0.01, "gamma": 0.995},
+)
 #: Settings a portfolio may give every member (a member's own value wins).
 COMMON = ("eps0", "gamma", "prior_mean", "prior_strength", "arm_priors")
 _SELECTION = ("select_n", "select_reward", "select_d", "select_c", "select_s", "select_w", "select_w2")
@@ -108,7 +118,7 @@ class Portfolio(Policy):
     (see the module docstring).
 
     Parameters: ``members`` (a list of ``{policy: name, label?: str, <its parameters>}``, at
-    least two, per-arm policies only, labels distinct); ``level`` (confidence of a switch, in
+    least two, per-arm policies only, labels distinct; default :data:`DEFAULT_MEMBERS`); ``level`` (confidence of a switch, in
     (0.5, 1), default 0.95); ``min_rows`` (logged rows before any switch, default 200); ``dim``
     and ``seed`` (member i is seeded ``seed + i``); ``eps0``, ``gamma``, ``prior_mean``,
     ``prior_strength``, ``arm_priors`` given here apply to every member that does not set its own.
@@ -121,7 +131,7 @@ class Portfolio(Policy):
         self,
         dim: int,
         *,
-        members: Sequence[Mapping[str, Any]],
+        members: Sequence[Mapping[str, Any]] = DEFAULT_MEMBERS,
         level: float = 0.95,
         min_rows: int = 200,
         seed: int | None = None,
