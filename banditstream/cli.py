@@ -324,6 +324,8 @@ def _snapshot_tables(rows: list[dict], verbose: bool) -> list[Table]:
     """`snapshot list`, readable at 80 columns: one table of the main fields per
     tenant/workspace, or with ``verbose`` one field/value table per version."""
     columns = ["domain", "version", "channels", "samples", "arms", "created (UTC)"]
+    if any("acting" in row for row in rows):
+        columns.append("acting")
     if not rows:
         return [_rows_table([], "snapshots", columns)]
     if verbose:
@@ -345,7 +347,8 @@ def _snapshot_tables(rows: list[dict], verbose: bool) -> list[Table]:
             for column in table.columns[:2]:  # the ids whole; channels and time wrap when space is short
                 column.no_wrap = True
         created = (row["created_at"] or "").replace("T", " ").split(".")[0].rstrip("Z")
-        table.add_row(row["domain"], row["version"], ", ".join(row["channels"]), str(row["samples"]), str(row["arms"]), created)
+        cells = [row["domain"], row["version"], ", ".join(row["channels"]), str(row["samples"]), str(row["arms"]), created]
+        table.add_row(*cells, *([row.get("acting", "")] if "acting" in columns else []))
     return list(grouped.values())
 
 

@@ -171,7 +171,7 @@ def list_snapshots(
     """One row per kept version, newest last per domain.
 
     Rows: tenant, workspace, domain, version, channels, samples, arms, dimension, policy,
-    created_at, git_commit, derived_from, length; with ``verbose`` also sha256, target,
+    created_at, git_commit, derived_from, length (and ``acting``, a portfolio's member); with ``verbose`` also sha256, target,
     source_offsets, config/feature/reward hashes and the metadata versions.
     """
     root = _root_bytes(trusted_root)
@@ -186,6 +186,8 @@ def list_snapshots(
                 "created_at": c.get("created_at"), "git_commit": c.get("git_commit"), "derived_from": c.get("derived_from"),
                 "length": entry.length,
             }  # fmt: skip
+            if "acting" in c:  # a portfolio: the member that acts in this version
+                row["acting"] = c["acting"]
             if verbose:
                 row.update(
                     target=entry.path, sha256=entry.sha256, source_offsets=c.get("source_offsets"), config_hash=c.get("config_hash"),

@@ -17,6 +17,8 @@ import numpy as np
 
 from banditstream.playground import Playground
 from publisher import SnapshotClient
+from publisher.cli_ops import list_snapshots
+from publisher.stores import DirectoryStore
 
 ARMS = ["a", "b", "c"]
 POOR = {"policy": "lin_ucb", "alpha": 0.1, "eps0": 0.9, "label": "poor"}
@@ -66,6 +68,8 @@ def test_the_publisher_switches_a_portfolio_to_the_member_the_log_rates_best_and
         (switch,) = summary["portfolio"]["switches"]
         assert summary["portfolio"]["acting"] == "sound" and (switch["from"], switch["to"]) == ("poor", "sound")
         assert switch["lower"] > 0 and switch["rows"] >= 600
+        listed = list_snapshots(DirectoryStore(loop.workdir / "snapshots"))  # `banditstream snapshot list`
+        assert listed[0]["acting"] == "poor" and listed[-1]["acting"] == "sound"
         top = play(loop)  # the SDK now decides with the sound member: mostly greedy, not 90 % uniform
         assert np.median(top) > 0.9, np.median(top)
         metrics = loop.workers.scrape("publish")["banditstream_portfolio_acting"]
