@@ -78,6 +78,17 @@ def test_a_progressive_candidate_never_scores_a_row_with_a_model_that_learned_fr
     assert late[np.arange(len(late)), best].mean() > 0.8  # it learned the rule
 
 
+def test_a_progressive_portfolio_chooses_who_acts_from_the_log_as_the_publisher_does():
+    log = logged(1200)
+    poor = {"policy": "lin_ucb", "alpha": 0.5, "eps0": 0.9, "label": "poor"}
+    sound = {"policy": "lin_ucb", "alpha": 0.5, "eps0": 0.05}
+    dist = Progressive("portfolio", {"members": [poor, sound]}, batch_size=50).action_dist(log)
+    alone = {name: Progressive("lin_ucb", {k: v for k, v in spec.items() if k not in ("policy", "label")}, batch_size=50).action_dist(log)
+             for name, spec in (("poor", poor), ("sound", sound))}  # fmt: skip
+    np.testing.assert_array_equal(dist[:200], alone["poor"][:200])  # the first member acts until the log says otherwise
+    np.testing.assert_array_equal(dist[-300:], alone["sound"][-300:])  # then the sound one, whose choices pay more
+
+
 def shared_log(n: int = 600, seed: int = 0) -> LoggedBandit:
     return LoggedBandit.from_updates(shared_updates(n, seed), domain="d")
 

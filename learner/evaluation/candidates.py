@@ -13,7 +13,9 @@ on every logged row, from its own decision code.
   order, in batches like the learner's: each batch is scored by the model of the rows before
   it and then learned, so no row is scored by a model that learned from it (progressive
   validation, as Vowpal Wabbit's ``--explore_eval`` and Li et al.'s replay avoid the same bias).
-  It learns every logged row, as the learner does whatever decided them;
+  It learns every logged row, as the learner does whatever decided them. A ``portfolio``
+  also chooses who acts as the publisher does: each batch, scored by its members before they
+  learn it, goes into their paired estimate;
 * :class:`Recommended` - a shadow policy: the distribution the SDK logged for it beside each
   decision (its shadow snapshot, or the policy in shadow mode). It needs no model and no live
   traffic of its own, and is evaluated on the rows that carry its recommendation
@@ -48,7 +50,7 @@ import numpy as np
 
 from learner.evaluation.errors import InvalidInputError
 from learner.evaluation.logged import LoggedBandit
-from learner.policies import POLICIES, Policy, make_policy
+from learner.policies import POLICIES, Policy, Portfolio, make_policy
 
 __all__ = ["AlwaysArm", "Candidate", "Fixed", "Logging", "Progressive", "Recommended", "Uniform"]
 
@@ -133,6 +135,16 @@ def _score_rows(policy: Policy, log: LoggedBandit, rows: range, rng: np.random.G
         out[i, columns] = choice.probabilities
 
 
+def _logged_choices(log: LoggedBandit, rows: range) -> tuple[list[list[str]], list[int]]:
+    """Each row's candidate ids and the position of the logged action among them."""
+    candidates, chosen = [], []
+    for i in rows:
+        columns = np.flatnonzero(log.candidates[i])
+        candidates.append([log.actions[k] for k in columns])
+        chosen.append(int(np.searchsorted(columns, log.action[i])))
+    return candidates, chosen
+
+
 @dataclass
 class Fixed(Candidate):
     """A trained policy, unchanged over the log (e.g. a snapshot's scoring view)."""
@@ -195,6 +207,9 @@ class Progressive(Candidate):
         for start in range(0, len(log), self.batch_size):
             rows = range(start, min(start + self.batch_size, len(log)))
             _score_rows(model, log, rows, rng, out)  # the model of the rows before: never its own
+            if isinstance(model, Portfolio):  # chooses who acts from the batch, as the publisher does
+                model.judge(log.context[rows.start : rows.stop], *_logged_choices(log, rows), log.pscore[rows.start : rows.stop],
+                            log.reward[rows.start : rows.stop], rng=rng)  # fmt: skip
             model.update_batch(log.context[rows.start : rows.stop], list(arms[rows.start : rows.stop]),
                                log.reward[rows.start : rows.stop])
             if progress is not None:
