@@ -839,9 +839,9 @@ class Policy:
         header = {"policy": self.name, "kind": "arm", "view": self._view(), "dim": self.dim, "arm": self._arms[slot]}
         return _encode(header, arrays)
 
-    def load_arm_state(self, arm: Any, data: bytes) -> None:
-        """Replace (or create) one arm's state from :meth:`arm_state_bytes` of the same arm."""
-        header, arrays = _decode(data)
+    def _check_arm_header(self, header: Mapping[str, Any], arm: Any) -> str:
+        """The arm's canonical id, once the header says the blob is one arm's state of this
+        policy, dimension and view, and of this arm (else :class:`StateFormatError`)."""
         canon = canonical_arm(arm)
         if header.get("kind") != "arm":
             raise StateFormatError(f"expected one arm's state, got kind {header.get('kind')!r}")
@@ -853,6 +853,12 @@ class Policy:
             raise StateFormatError(f"state is a {header.get('view')!r} view, this policy holds a {self._view()!r} view")
         if header.get("arm") != canon:
             raise StateFormatError(f"state belongs to arm {header.get('arm')!r}, not {canon!r}")
+        return canon
+
+    def load_arm_state(self, arm: Any, data: bytes) -> None:
+        """Replace (or create) one arm's state from :meth:`arm_state_bytes` of the same arm."""
+        header, arrays = _decode(data)
+        self._check_arm_header(header, arm)
         slot = self._slot_of(arm)
         stacked = {name: value[None, ...] for name, value in arrays.items()}
         self._load_view(np.array([slot]), stacked, self._view(), count=None)

@@ -476,17 +476,7 @@ class Portfolio(Policy):
     def load_arm_state(self, arm: Any, data: bytes) -> None:
         """Every member's state of one arm from :meth:`arm_state_bytes`; all or nothing."""
         header, arrays = _decode(data)
-        canon = canonical_arm(arm)
-        if header.get("kind") != "arm":
-            raise StateFormatError(f"expected one arm's state, got kind {header.get('kind')!r}")
-        if header.get("policy") != self.name:
-            raise StateFormatError(f"state was written by policy {header.get('policy')!r}, not {self.name!r}")
-        if header.get("dim") != self.dim:
-            raise StateFormatError(f"state has dim {header.get('dim')!r}, this policy has dim {self.dim}")
-        if header.get("view") != self._view():
-            raise StateFormatError(f"state is a {header.get('view')!r} view, this policy holds a {self._view()!r} view")
-        if header.get("arm") != canon:
-            raise StateFormatError(f"state belongs to arm {header.get('arm')!r}, not {canon!r}")
+        canon = self._check_arm_header(header, arm)
         if header.get("members") != self.labels:
             raise StateFormatError(f"state was learned by members {header.get('members')!r}, this portfolio has {self.labels!r}")
         held = [member.arm_state_bytes(canon) if canon in member._slot else None for member in self.members]
