@@ -15,7 +15,7 @@ import pytest
 
 from learner.domain import DomainSettings
 from learner.policies import Policy, Portfolio, StateFormatError, make_policy
-from learner.policies.portfolio import describe_state
+from learner.policies.portfolio import DEFAULT_MEMBERS, describe_state
 
 ARMS = ["a", "b", "c"]
 GOOD = {"policy": "lin_ucb", "alpha": 0.1, "eps0": 0.05}
@@ -52,22 +52,33 @@ def play(portfolio: Portfolio, rows: int, batch: int = 100, seed: int = 0) -> li
     return got
 
 
-def test_every_member_learns_exactly_as_it_would_alone():
-    members = [{"policy": "lin_ucb", "alpha": 0.3}, {"policy": "lin_igw", "gamma": 0.99}, {"policy": "lin_ts"}]
+@pytest.mark.parametrize("members", [
+    [{"policy": "lin_ucb", "alpha": 0.3}, {"policy": "lin_igw", "gamma": 0.99}, {"policy": "lin_ts"}, {"policy": "beta_ts"}],
+    [*DEFAULT_MEMBERS, {"policy": "lin_ts", "v": 0.3, "gamma": 0.995}, {"policy": "lin_igw", "detect_keep": 0.5}],
+])  # fmt: skip
+def test_every_member_learns_exactly_as_it_would_alone(members):
+    """Also those that take their learning from another that learns alike (the default pairs)."""
     portfolio = make_policy("portfolio", dim=3, seed=5, members=members, eps0=0.02)
-    alone = [make_policy(m["policy"], dim=3, seed=5 + i, eps0=0.02, **{k: v for k, v in m.items() if k != "policy"})
+    alone = [make_policy(m["policy"], dim=3, seed=5 + i, **{"eps0": 0.02, **{k: v for k, v in m.items() if k != "policy"}})
              for i, m in enumerate(members)]  # fmt: skip
     rng = np.random.default_rng(1)
-    for _ in range(5):
+    for step in range(40):
         X = contexts(rng, 40)
         arms = list(rng.choice(ARMS, size=40))
-        r, w = rng.random(40), rng.uniform(0.5, 2.0, 40)
+        r, w = rng.random(40) + (3.0 if step >= 25 else 0.0) * X[:, 1], rng.uniform(0.5, 2.0, 40)  # a change at 1,000 rows
         assert sorted(portfolio.update_batch(X, arms, r, w)) == sorted(set(arms))
         for policy in alone:
             policy.update_batch(X, arms, r, w)
+        if step in (10, 39):  # and members that take their learning decide as their own would
+            x = np.tile(X[0], (3, 1))
+            for member, policy in zip(portfolio.members, alone):
+                assert member.probabilities(x, ARMS, rng=3).probabilities.tolist() == policy.probabilities(x, ARMS, rng=3).probabilities.tolist()
     for member, policy in zip(portfolio.members, alone):
         for arm in ARMS:
             assert member.arm_state_bytes(arm) == policy.arm_state_bytes(arm)
+    if "detect_keep" in members[-1]:  # the change was seen, so the detector's reset was taken over too
+        assert sum(portfolio.members[0].alarms(arm) for arm in ARMS) > 0
+        assert portfolio._leader == [0, 0, 2, 2, 2, 5]  # the forgetting LinTS learns as the forgetting pair does
     x = np.tile(contexts(rng, 1)[0], (3, 1))  # and the acting (first) member decides, draw for draw
     mine, its = portfolio.probabilities(x, ARMS, rng=9), alone[0].probabilities(x, ARMS, rng=9)
     assert mine.probabilities.tolist() == its.probabilities.tolist() and mine[1:] == its[1:]
@@ -146,10 +157,11 @@ def test_who_acts_and_the_evidence_travel_in_the_bytes_and_the_scoring_view():
 
 
 def test_an_arm_blob_loads_into_every_member_or_none():
-    portfolio = make_policy("portfolio", dim=3, seed=2, members=[POOR, GOOD])
+    members = [POOR, {"policy": "lin_igw", "gamma": 0.99}]  # they learn differently: the blob carries both
+    portfolio = make_policy("portfolio", dim=3, seed=2, members=members)
     play(portfolio, 600)
     blob = portfolio.arm_state_bytes("a")
-    target = make_policy("portfolio", dim=3, seed=2, members=[POOR, GOOD])
+    target = make_policy("portfolio", dim=3, seed=2, members=members)
     target.update_batch(contexts(np.random.default_rng(0), 5), ["a"] * 5, np.ones(5))
     before = [m.arm_state_bytes("a") for m in target.members]
     from learner.policies import base
@@ -160,9 +172,27 @@ def test_an_arm_blob_loads_into_every_member_or_none():
         target.load_arm_state("a", base._encode({k: v for k, v in header.items() if k != "arrays"}, arrays))
     assert [m.arm_state_bytes("a") for m in target.members] == before
     with pytest.raises(StateFormatError, match="members"):
-        make_policy("portfolio", dim=3, members=[GOOD, POOR]).load_arm_state("a", blob)  # another order is another portfolio
+        make_policy("portfolio", dim=3, members=members[::-1]).load_arm_state("a", blob)  # another order is another portfolio
     target.load_arm_state("a", blob)
     assert target.arm_state_bytes("a") == blob
+
+
+def test_members_that_learn_alike_are_carried_once_and_load_alike():
+    portfolio = make_policy("portfolio", dim=3, seed=2, members=[POOR, GOOD])  # they differ only in eps0
+    play(portfolio, 600)
+    blob = portfolio.arm_state_bytes("a")
+    from learner.policies import base
+
+    header, arrays = base._decode(blob)
+    assert {name.split(".")[0] for name in arrays} == {"m0"}
+    restored = make_policy("portfolio", dim=3, seed=2, members=[POOR, GOOD])
+    restored.load_arm_state("a", blob)
+    assert [m.arm_state_bytes("a") for m in restored.members] == [m.arm_state_bytes("a") for m in portfolio.members]
+    arrays.update({f"m1.{name}": value for name, value in base._decode(portfolio.members[1].arm_state_bytes("a"))[1].items()})
+    with pytest.raises(StateFormatError, match="carries members"):  # a blob that does not match the members
+        restored.load_arm_state("a", base._encode({k: v for k, v in header.items() if k != "arrays"}, arrays))
+    whole = Policy.from_bytes(portfolio.to_bytes())
+    assert [m.arm_state_bytes("a") for m in whole.members] == [m.arm_state_bytes("a") for m in portfolio.members]
 
 
 @pytest.mark.parametrize(

@@ -12,7 +12,11 @@ and a user cannot tune on live traffic safely. A portfolio names the settings to
         - {policy: lin_igw, gamma: 0.999, label: igw-forgetting}
 
 **Learning.** Every member learns every row (:meth:`Portfolio.update_batch` passes the batch to
-each), so each member's state is what it would be had it run alone on the same log. One arm's
+each), so each member's state is what it would be had it run alone on the same log. Members that
+learn alike (per-arm linear policies whose settings differ only in how they decide: ``alpha``,
+``v``, ``n_draws``, the IGW scale, ``eps0``; the default members pair up this way) learn once:
+the later one takes the first one's new statistics, count and detector state, the very bits it
+would have computed itself, and the state blobs carry them once. One arm's
 state is its members' states in one blob (arrays prefixed ``m<i>.``), so the learner, the store,
 the posterior topic and the publisher carry a portfolio like any per-arm policy.
 
@@ -88,6 +92,8 @@ DEFAULT_MEMBERS = (
 )
 #: Settings a portfolio may give every member (a member's own value wins).
 COMMON = ("eps0", "gamma", "prior_mean", "prior_strength", "arm_priors")
+#: Parameters that shape only how a per-arm linear member decides, never what it learns.
+_DECIDING = frozenset({"alpha", "v", "n_draws", "gamma_scale", "gamma_exponent", "eps0", "seed"})
 _SELECTION = ("select_n", "select_reward", "select_d", "select_c", "select_s", "select_w", "select_w2")
 
 
@@ -170,6 +176,9 @@ class Portfolio(Policy):
                 self.members.append(cls(dim=self.dim, seed=None if self.seed is None else self.seed + i, **params))
             except (TypeError, ValueError) as exc:
                 raise ValueError(f"members[{i}] ({self.labels[i]}): {exc}") from None
+        keys = [_learns_like(member) for member in self.members]
+        #: member i takes its learning from member _leader[i] (itself when none before learns alike)
+        self._leader = [keys.index(key) if key is not None else i for i, key in enumerate(keys)]
         self._scoring_only = False
         self.acting = 0
         self.switches: list[dict[str, Any]] = []
@@ -245,8 +254,11 @@ class Portfolio(Policy):
         if self._scoring_only:
             raise ScoringOnlyError("Portfolio built from a scoring view cannot learn")
         touched = self.members[0].update_batch(X, arms, rewards, weights)  # validates before any member learns
-        for member in self.members[1:]:
-            member.update_batch(X, arms, rewards, weights)
+        for i, member in enumerate(self.members[1:], 1):
+            if self._leader[i] == i:
+                member.update_batch(X, arms, rewards, weights)
+            else:
+                _take_learning(self.members[self._leader[i]], member, touched)
         return touched
 
     # --- deciding --------------------------------------------------------------------------------
@@ -418,13 +430,26 @@ class Portfolio(Policy):
 
     # --- bytes -----------------------------------------------------------------------------------
 
+    def _check_carried(self, arrays: Mapping[str, np.ndarray]) -> None:
+        """A blob carries the arrays of exactly the members that learn on their own."""
+        carried = {name.split(".", 1)[0] for name in arrays if name not in _SELECTION}
+        wanted = {f"m{m}" for m, _ in self._learners()}
+        if carried != wanted:
+            raise StateFormatError(f"portfolio state carries members {sorted(carried)}, these members need {sorted(wanted)}")
+
+    def _learners(self) -> list[tuple[int, Policy]]:
+        """The members whose arrays the bytes carry: a member that learns alike with an earlier
+        one holds the same arrays, bit for bit (see the module docstring), and loads the earlier
+        one's."""
+        return [(m, member) for m, member in enumerate(self.members) if self._leader[m] == m]
+
     def _view(self) -> str:
         return "scoring" if self._scoring_only else "full"
 
     def to_bytes(self) -> bytes:
         arms = self.arm_ids()
         arrays: dict[str, np.ndarray] = dict(self._sel)
-        for m, member in enumerate(self.members):
+        for m, member in self._learners():
             slots = np.array([member._existing_slot(a) for a in arms], dtype=np.intp)
             arrays.update((f"m{m}.{name}", value) for name, value in member._view_arrays(slots).items())
         header = {"policy": self.name, "kind": "policy", "view": self._view(), "dim": self.dim, "params": self.get_params(),
@@ -455,18 +480,19 @@ class Portfolio(Policy):
             if value is None or value.shape != shape or not np.isfinite(value).all():
                 raise StateFormatError(f"portfolio state lacks a valid {name!r}")
             portfolio._sel[name] = value.astype(portfolio._sel[name].dtype)
+        portfolio._check_carried(arrays)
         portfolio.acting, portfolio.switches = acting, switches
         portfolio._scoring_only = view == "scoring"
         for i, member in enumerate(portfolio.members):
             member._scoring_only = portfolio._scoring_only
             slots = np.array([member._slot_of(a) for a in arms], dtype=np.intp)
-            member._load_view(slots, _of_member(arrays, i), view, count=None)
+            member._load_view(slots, _of_member(arrays, portfolio._leader[i]), view, count=None)
         return portfolio
 
     def arm_state_bytes(self, arm: Any) -> bytes:
         canon = canonical_arm(arm)
         arrays: dict[str, np.ndarray] = {}
-        for m, member in enumerate(self.members):
+        for m, member in self._learners():
             stacked = member._view_arrays(np.array([member._existing_slot(arm)]))
             arrays.update((f"m{m}.{name}", value[0]) for name, value in stacked.items())
         header = {"policy": self.name, "kind": "arm", "view": self._view(), "dim": self.dim, "arm": canon,
@@ -479,11 +505,12 @@ class Portfolio(Policy):
         canon = self._check_arm_header(header, arm)
         if header.get("members") != self.labels:
             raise StateFormatError(f"state was learned by members {header.get('members')!r}, this portfolio has {self.labels!r}")
+        self._check_carried(arrays)
         held = [member.arm_state_bytes(canon) if canon in member._slot else None for member in self.members]
         done: list[int] = []
         try:
             for i, member in enumerate(self.members):
-                stacked = {name: value[None, ...] for name, value in _of_member(arrays, i).items()}
+                stacked = {name: value[None, ...] for name, value in _of_member(arrays, self._leader[i]).items()}
                 member._load_view(np.array([member._slot_of(canon)]), stacked, self._view(), count=None)
                 done.append(i)
         except StateFormatError:
@@ -491,6 +518,27 @@ class Portfolio(Policy):
                 if held[i] is not None:
                     self.members[i].load_arm_state(canon, held[i])
             raise
+
+
+def _learns_like(member: Policy) -> tuple | None:
+    """What decides a per-arm linear member's learning (its class's learning code is
+    LinearPolicy's and the detector's, whichever rule it decides by); None for other policies."""
+    from learner.policies import LinIGW, LinTS, LinUCB
+
+    if not isinstance(member, (LinIGW, LinTS, LinUCB)):
+        return None
+    return tuple(sorted((k, json.dumps(v, sort_keys=True)) for k, v in member.get_params().items() if k not in _DECIDING))
+
+
+def _take_learning(source: Policy, target: Policy, arms: Sequence[str]) -> None:
+    """``target`` learns what ``source`` just learned on ``arms`` (both learn alike): the same
+    statistics, counts and detector state, and its derived factors go stale as its own would."""
+    src = np.array([source._existing_slot(a) for a in arms], dtype=np.intp)
+    dst = np.array([target._slot_of(a) for a in arms], dtype=np.intp)
+    counts = source._arrays["count"][src] - target._arrays["count"][dst]
+    for name in (*source._stat_names, "count", *source._detector_specs()):
+        target._arrays[name][dst] = source._arrays[name][src]
+    target._invalidate(dst, counts)
 
 
 def _of_member(arrays: Mapping[str, np.ndarray], index: int) -> dict[str, np.ndarray]:
