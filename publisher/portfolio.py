@@ -20,8 +20,10 @@ At each publish of a portfolio domain (:meth:`PortfolioJudge.judge`):
    member (``Portfolio.select``). The snapshot carries the evidence, the acting member and the
    switches: a publisher restarted later continues from the latest snapshot.
 
-A row the tail has not read when its publish comes (it is read to its end first, within a
-budget) is not judged later: the evidence is a sample of the log, never a row twice. Exported:
+The rows are let go once a snapshot that judged them is published; a publish the guards hold
+back leaves them to the next, so each row counts once, in the snapshot that learned it. A row
+the tail has not read when its publish comes (it is read to its end first, within a budget) is
+not judged later: the evidence is a sample of the log, never a row twice. Exported:
 ``banditstream_portfolio_acting{domain, member}`` (1 for the acting member),
 ``banditstream_portfolio_switches_total{domain}``, ``banditstream_portfolio_judged_rows_total{domain}``.
 """
@@ -77,18 +79,16 @@ class PortfolioLog:
 
     def take(self, domain: str, since: Mapping[int, int], until: Mapping[int, int]) -> list[dict[str, Any]]:
         """The domain's rows at offsets ``since[p] <= offset < until[p]`` of each updates
-        partition p (``since`` 0 where absent); rows below ``until`` are let go."""
+        partition p (``since`` 0 where absent)."""
+        return [update for partition, offset, update in self.rows[domain]
+                if since.get(partition, 0) <= offset < until.get(partition, -1)]  # fmt: skip
+
+    def release(self, domain: str, until: Mapping[int, int]) -> None:
+        """Let go of the domain's rows below ``until`` (judged in a published snapshot)."""
         rows = self.rows[domain]
-        taken, kept = [], []
-        for partition, offset, update in rows:
-            end = until.get(partition)
-            if end is None or offset >= end:
-                kept.append((partition, offset, update))
-            elif offset >= since.get(partition, 0):
-                taken.append(update)
+        kept = [row for row in rows if row[1] >= until.get(row[0], -1)]
         rows.clear()
         rows.extend(kept)
-        return taken
 
     def close(self) -> None:
         self.consumer.close()
@@ -129,6 +129,8 @@ class PortfolioJudge:
         self.seed = seed
         #: domain -> (the last published portfolio, its source offsets on the updates topic)
         self._previous: dict[str, tuple[Portfolio, dict[int, int]]] = {}
+        #: domain -> the verdict of the publish under way (counted once it is published)
+        self._pending: dict[str, Verdict] = {}
 
     def _last_published(self, domain: str) -> tuple[Portfolio, dict[int, int]] | None:
         held = self._previous.get(domain)
@@ -173,21 +175,26 @@ class PortfolioJudge:
                 policy.observe(pi, logged.pscore, logged.reward)
                 switch = policy.select()
         verdict = Verdict(domain, judged, policy.acting_label, switch, policy.estimates())
-        if switch is not None:
-            log.info("%s: the portfolio switches from %s to %s after %d rows (gain %.4f per decision, lower bound %.4f)",
-                     domain, switch["from"], switch["to"], switch["rows"], switch["gain"], switch["lower"])  # fmt: skip
-        if self.metrics is not None:
-            for label in policy.labels:
-                self.metrics.acting.labels(domain, label).set(1.0 if label == policy.acting_label else 0.0)
-            self.metrics.judged.labels(domain).inc(judged)
-            if switch is not None:
-                self.metrics.switches.labels(domain).inc()
+        self._pending[domain] = verdict
         return verdict
 
     def published(self, domain: str, policy: Policy, offsets: Iterable[SourceOffset]) -> None:
         """Remember what was published: the next publish's rows are scored by its members."""
         if isinstance(policy, Portfolio):
-            self._previous[domain] = (policy.scoring_view(), _offsets(offsets, self.log.topic))
+            until = _offsets(offsets, self.log.topic)
+            self._previous[domain] = (policy.scoring_view(), until)
+            self.log.release(domain, until)
+        verdict = self._pending.pop(domain, None)
+        if verdict is not None and verdict.switch is not None:
+            switch = verdict.switch
+            log.info("%s: the portfolio switched from %s to %s after %d rows (gain %.4f per decision, lower bound %.4f)",
+                     domain, switch["from"], switch["to"], switch["rows"], switch["gain"], switch["lower"])  # fmt: skip
+        if verdict is not None and self.metrics is not None:
+            for label in policy.labels:
+                self.metrics.acting.labels(domain, label).set(1.0 if label == verdict.acting else 0.0)
+            self.metrics.judged.labels(domain).inc(verdict.rows)
+            if verdict.switch is not None:
+                self.metrics.switches.labels(domain).inc()
 
     def close(self) -> None:
         self.log.close()
