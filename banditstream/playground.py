@@ -200,6 +200,7 @@ class Playground:
         self.kafka: KafkaSettings | None = None
         self.config_path: Path | None = None
         self._stack: LocalStack | None = None
+        self._publisher_log_level: int | None = None
         self._failed = False
 
     # -- start and stop -------------------------------------------------------------------
@@ -223,7 +224,9 @@ class Playground:
 
         self.workdir.mkdir(parents=True, exist_ok=True)
         (self.workdir / "logs").mkdir(exist_ok=True)
-        logging.getLogger("publisher").setLevel(logging.ERROR)  # "nothing published yet" while polling
+        quiet = logging.getLogger("publisher")  # "nothing published yet" while polling; put back on close
+        self._publisher_log_level = quiet.level
+        quiet.setLevel(logging.ERROR)
         self._stack = LocalStack(self.workdir / "stack", s3=False)
         with status(self.console, "starting the embedded broker…"):
             info = self._stack.up()
@@ -285,6 +288,9 @@ class Playground:
         if self._stack is not None:
             self._stack.down()
             self._stack = None
+        if self._publisher_log_level is not None:  # the process's logging as it was before the loop
+            logging.getLogger("publisher").setLevel(self._publisher_log_level)
+            self._publisher_log_level = None
         if self._failed:
             self.console.print(f"worker logs and state kept in {self.workdir}", highlight=False, soft_wrap=True)
         elif not self._given_workdir:
