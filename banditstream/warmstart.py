@@ -45,7 +45,7 @@ def local_policy(domain: str, settings: DomainSettings, path: str | Path, *, act
         raise ValueError(f"{path}: no live decision of {tenant}/{workspace}/{domain} to learn from")
     policy = settings.make_policy(**({} if seed is None else {"seed": seed}))
     policy.update_batch(np.array([row["features"] for row in rows]), [row["actions"][row["arm_index"]] for row in rows],
-                        np.array([row["reward"] for row in rows]))  # fmt: skip
+                        np.array([row["reward"] for row in rows]), times=[row["decision_time"] for row in rows])  # fmt: skip
     digest = hashlib.sha256(path.read_bytes()).hexdigest()[:12]
     return ActivePolicy(f"local:{digest}", policy, FeatureEncoder(settings.features, encoder.normalizer.freeze()),
                         samples=len(rows))

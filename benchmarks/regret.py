@@ -209,12 +209,14 @@ class DomainLearner:
         self.encoder = settings.encoder()
         self.names = [f"x{j}" for j in range(stream.dim)]
         self.arms = _ArmIds()
+        self.step = 0  # event time: one step a second (``half_life_s`` counts in steps here)
 
     def _context(self, z: list[float]) -> dict[str, dict[str, float]]:
         return {"numeric": dict(zip(self.names, z))}
 
     def decide(self, Z: np.ndarray, n_arms: int) -> tuple[np.ndarray, np.ndarray]:
         ids, actions = self.arms.ids(n_arms), self.arms.actions(n_arms)
+        self.policy.age()  # what a snapshot does (scoring_view) when the policy forgets by time
         arms = np.empty(len(Z), dtype=np.intp)
         probabilities = np.empty(len(Z))
         for i, z in enumerate(Z.tolist()):
@@ -233,7 +235,9 @@ class DomainLearner:
         names = [self.arms.names[a] for a in arms.tolist()]
         if isinstance(self.policy, Portfolio):  # every member scores the rows before it learns them
             self.policy.judge(rows, [self.arms.ids(k) for k in n_arms.tolist()], arms.tolist(), probabilities, rewards)
-        self.policy.update_batch(rows, names, rewards)
+        times = 1000 * np.arange(self.step, self.step + len(Z), dtype=np.int64)
+        self.step += len(Z)
+        self.policy.update_batch(rows, names, rewards, times=times)
 
 
 class PolicyLearner:

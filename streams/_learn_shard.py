@@ -62,6 +62,7 @@ class Update(NamedTuple):
     reward: float
     weight: float
     mode: str  # live, shadow or off; only live updates are learned as acted; RESET for a reset marker
+    time: int = 0  # the decision's event time, epoch ms: what a policy that forgets by time counts
 
 
 @dataclass(frozen=True)
@@ -345,7 +346,8 @@ class ShardLearner:
         arms = [u.key.arm for u in rows]
         rewards = np.array([u.reward for u in rows], dtype=np.float64)
         weights = np.array([u.weight for u in rows], dtype=np.float64)
-        return [ArmKey(*twd, arm) for arm in policy.update_batch(X, arms, rewards, weights)]
+        times = np.array([u.time for u in rows], dtype=np.int64)
+        return [ArmKey(*twd, arm) for arm in policy.update_batch(X, arms, rewards, weights, times)]
 
     def _reset(self, twd: tuple[str, str, str], offset: int, policies: dict) -> list[ArmKey]:
         """Every model of ``twd`` back to its priors at the marker at ``offset``: a fresh policy

@@ -395,7 +395,7 @@ class Learner:
             raise WrongShardKey("key", key, f"an update of this model is keyed {shard_key.decode()!r}")
         # a deferred decision never activated is kept for evaluation, never learned
         mode = "not_activated" if record["join_status"] == "not_activated" else record["mode"]
-        return Update(offset, record["event_id"], model_key, features, reward, weight, mode)
+        return Update(offset, record["event_id"], model_key, features, reward, weight, mode, record["decision_time"])
 
     def _reset_marker(self, record: dict, partition: int, offset: int, fresh: bool) -> Update | None:
         """The reset marker in ``record`` as an update to fold, or None for a domain not

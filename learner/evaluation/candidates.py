@@ -206,12 +206,13 @@ class Progressive(Candidate):
         arms = np.array(log.actions, dtype=object)[log.action]
         for start in range(0, len(log), self.batch_size):
             rows = range(start, min(start + self.batch_size, len(log)))
+            model.age()  # as a snapshot scores: arms nobody played brought to the newest time (half_life_s)
             _score_rows(model, log, rows, rng, out)  # the model of the rows before: never its own
             if isinstance(model, Portfolio):  # chooses who acts from the batch, as the publisher does
                 model.judge(log.context[rows.start : rows.stop], *_logged_choices(log, rows), log.pscore[rows.start : rows.stop],
                             log.reward[rows.start : rows.stop], rng=rng)  # fmt: skip
             model.update_batch(log.context[rows.start : rows.stop], list(arms[rows.start : rows.stop]),
-                               log.reward[rows.start : rows.stop])
+                               log.reward[rows.start : rows.stop], times=log.decision_time[rows.start : rows.stop])
             if progress is not None:
                 progress(rows.stop)
         return out

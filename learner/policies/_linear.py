@@ -27,8 +27,8 @@ lower triangle packed) and the scoring view carries it, so a restarted learner, 
 and the SDK all use the very factor the learner computed. Which way a batch goes depends only
 on its size, ``gamma``, the dimension and the update count, never on when anything decided or
 was saved: the posterior is a function of the batches, as before. A batch that crosses a
-multiple of ``EXACT_EVERY`` rows of the model, a larger batch or forgetting (``gamma < 1``
-pulls ``A`` toward a full-rank prior: no rank-one update) goes back to an exact factorisation
+multiple of ``EXACT_EVERY`` rows of the model, a larger batch or forgetting (``gamma < 1`` or
+``half_life_s`` pulls ``A`` toward a full-rank prior: no rank-one update) goes back to an exact factorisation
 of ``A``, and the state to ``A`` and ``b`` alone; so rounding never accumulates over more than
 ``EXACT_EVERY`` rows. The prior's factor (``I / sqrt(s)``, not a factorisation either) counts
 as such a state too. The per-arm models are never updated in place.
@@ -171,7 +171,7 @@ class LinearPolicy(Policy):
         """Whether the shared model learns a batch of k rows by rank-one updates (see the
         module docstring): a function of the batch and the update count alone."""
         count = int(self._arrays["count"][0])
-        return self.gamma == 1.0 and k <= rank_one_rows(self.dim) and (count + k) // EXACT_EVERY == count // EXACT_EVERY
+        return self.gamma == 1.0 and self.half_life_s is None and k <= rank_one_rows(self.dim) and (count + k) // EXACT_EVERY == count // EXACT_EVERY
 
     def _rank_one(self, Z: np.ndarray, zr: np.ndarray) -> None:
         """Fold the rows (``Z = W^1/2 X``, ``zr = W^1/2 r``) into the shared model's A, b and

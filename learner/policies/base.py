@@ -19,9 +19,24 @@ them, how candidates are scored); :class:`Policy` owns the mechanics, in the ord
 
        S <- gamma^k * S + (1 - gamma^k) * S0 + sum_i gamma^(k-i) * w_i * f(x_i, r_i)
 
-   Forgetting is counted in the arm's own updates, not in wall-clock time or in other arms'
-   updates: an arm that is not played keeps what it knew (each arm has one writer, see DESIGN).
-   Pulling toward the prior rather than toward zero keeps a forgotten precision invertible.
+   ``gamma`` is counted in the arm's own updates: an arm that is not played keeps what it
+   knew. **Forgetting by event time**, ``half_life_s`` (seconds; None, the default, never
+   forgets by time), counts instead in the time the domain's events carry (the decision's
+   timestamp, never a clock of the machine), the same for every arm, played or not: each arm
+   keeps the event time it was last brought to (its ``clock``, epoch milliseconds), and a row
+   of time ``t`` first brings it to ``T = max(clock, t)``::
+
+       S <- S0 + 2^(-(T - clock) / h) * (S - S0)          (h = half_life_s, in ms)
+
+   and is added with weight ``w * 2^(-(T - t) / h)`` (a row older than the clock as though it
+   had been learned at its time and decayed since), so a batch's rows of one arm are, to
+   rounding, those rows learned one by one in any order. An arm nobody plays is brought to the
+   domain's newest time when a snapshot is made (:meth:`~Policy.age`, in
+   :meth:`~Policy.scoring_view`): its estimate relaxes toward its prior and its uncertainty
+   grows, so the policy explores it again, while the learner's state of it waits, untouched,
+   for its next row (each arm has one writer, see DESIGN). The two compose with each other and
+   with a detector's discount. Pulling toward the prior rather than toward zero keeps a
+   forgotten precision invertible.
    A policy with a change detector (the per-arm linear ones, ``learner/policies/_detect.py``)
    first runs it over the batch, on the model as the batch finds it, and discounts each arm it
    flags the same way, ``S <- S0 + keep * (S - S0)``, before the batch is added. The
@@ -92,7 +107,11 @@ FORMAT_MAJOR = 1
 #: (``detect_*``), optional: a minor-0 blob loads with the detector fresh, while a minor-0
 #: reader refuses a blob that carries them (it knows no such arrays, nor the ``detect``
 #: parameters), so readers (SDKs, publishers) upgrade before the learners that write them.
-FORMAT_MINOR = 1
+#: Minor 2 adds the per-arm ``clock`` of a policy that forgets by event time (``half_life_s``),
+#: in the same way: only such a policy's blobs carry it, and older readers refuse those.
+FORMAT_MINOR = 2
+#: The clock of an arm that has learned no timed row yet.
+NEVER = np.iinfo(np.int64).min
 _HEAD = struct.Struct("<4sBBHI")
 _CRC = struct.Struct("<I")
 _DTYPES = {"<f8": np.dtype("<f8"), "<i8": np.dtype("<i8")}
@@ -178,7 +197,9 @@ class Policy:
 
     - ``dim``: length of the feature rows X (the FeatureConfig's dimension; intercept at 0).
     - ``eps0``: exploration floor in [0, 1]; every candidate gets probability >= eps0 / K.
-    - ``gamma``: forgetting factor in (0, 1]; 1 never forgets.
+    - ``gamma``: forgetting factor in (0, 1] per row the arm learns; 1 never forgets.
+    - ``half_life_s``: forgetting by event time, the seconds after which evidence weighs half
+      (None never forgets by time); ``update_batch`` then needs the rows' ``times``.
     - ``prior_mean``, ``prior_strength``: the prior every arm starts at.
     - ``arm_priors``: ``{arm: (mean, strength)}`` overriding the prior per arm.
     - ``seed``: seeds the policy's own generator, used when ``probabilities`` gets no rng.
@@ -204,6 +225,7 @@ class Policy:
         *,
         eps0: float = 0.05,
         gamma: float = 1.0,
+        half_life_s: float | None = None,
         prior_mean: float = 0.0,
         prior_strength: float = 1.0,
         arm_priors: Mapping[str, Any] | None = None,
@@ -214,9 +236,14 @@ class Policy:
             raise ValueError(f"eps0 must be in [0, 1], got {eps0!r}")
         if not 0.0 < gamma <= 1.0:
             raise ValueError(f"gamma must be in (0, 1], got {gamma!r}")
+        if half_life_s is not None and not (
+            isinstance(half_life_s, (int, float)) and not isinstance(half_life_s, bool) and 0.0 < half_life_s < math.inf
+        ):
+            raise ValueError(f"half_life_s must be a positive number of seconds or None, got {half_life_s!r}")
         self.dim = int(dim)
         self.eps0 = float(eps0)
         self.gamma = float(gamma)
+        self.half_life_s = None if half_life_s is None else float(half_life_s)
         self.prior_mean = float(prior_mean)
         self.prior_strength = float(prior_strength)
         self._check_prior(self.prior_mean, self.prior_strength, "the default prior")
@@ -306,6 +333,11 @@ class Policy:
         """Per-arm state of a change detector: serialised in both views, all or none (a blob
         written without them loads with the detector fresh, at zeros), never a statistic."""
         return {}
+
+    def _clock_specs(self) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+        """The per-arm event-time clock of a policy that forgets by time (``half_life_s``):
+        serialised in both views, all or none (absent: the arms' clocks start at :data:`NEVER`)."""
+        return {"clock": ((), np.dtype(np.int64))} if self.half_life_s is not None else {}
 
     def _detect(
         self, slots: np.ndarray, starts: np.ndarray, counts: np.ndarray, X: np.ndarray, r: np.ndarray, w: np.ndarray
@@ -458,6 +490,8 @@ class Policy:
         self._reset_cache(slots)
         for name in self._detector_specs():
             self._arrays[name][slots] = 0
+        for name in self._clock_specs():
+            self._arrays[name][slots] = NEVER
         self._arms.append(arm)
         self._slot[arm] = slot  # published last: readers without the lock see a complete arm
         return slot
@@ -471,6 +505,7 @@ class Policy:
         specs.update({name: (shape, np.dtype(np.float64)) for name, shape in self._stat_shapes().items()})
         specs.update(self._cache_specs())
         specs.update(self._detector_specs())
+        specs.update(self._clock_specs())
         n = len(self._arms)
         arrays = {}
         for name, (shape, dtype) in specs.items():
@@ -489,11 +524,14 @@ class Policy:
         arms: Sequence[Any],
         rewards: Sequence[float] | np.ndarray,
         weights: Sequence[float] | np.ndarray | None = None,
+        times: Sequence[int] | np.ndarray | None = None,
     ) -> list[str]:
         """Fold n labelled rows into the arms' statistics; returns the touched arm ids.
 
         ``X`` (n, dim): the acted action's feature row; ``arms``: the n acted arm ids;
-        ``rewards`` (n,); ``weights`` (n,) non-negative, default 1. Equal to n sequential
+        ``rewards`` (n,); ``weights`` (n,) non-negative, default 1; ``times`` (n,) the rows'
+        event times in epoch milliseconds (the decisions' timestamps), which a policy that
+        forgets by time (``half_life_s``) needs and any other ignores. Equal to n sequential
         one-row updates in the given order (see the module docstring for forgetting).
         """
         if self._scoring_only:
@@ -515,6 +553,7 @@ class Policy:
                 raise ValueError("weights must be finite and >= 0")
         if len(arms) != n:
             raise ValueError(f"arms has {len(arms)} ids, but X has {n} rows")
+        t = self._check_times(times, n)
         if n == 0:
             return []
 
@@ -535,6 +574,7 @@ class Policy:
             slots, starts, counts = np.unique(sorted_slots, return_index=True, return_counts=True)
             if len(slots) > 1:
                 X, r, w = X[order], r[order], w[order]
+                t = None if t is None else t[order]
             if self.gamma < 1.0:
                 ends = np.repeat(starts + counts, counts)
                 rank_from_end = ends - 1 - np.arange(n)
@@ -542,16 +582,83 @@ class Policy:
                 rank_from_end = None
 
         keep = self._detect(slots, starts, counts, X, r, w)  # on the model as the batch finds it
+        decay = None
         if rank_from_end is not None:
             w = w * self.gamma ** rank_from_end
             decay = self.gamma ** counts.astype(np.float64)
-            self._forget(slots, decay if keep is None else decay * keep)
-        elif keep is not None:
-            flagged = keep < 1.0
-            self._forget(slots[flagged], keep[flagged])
+        if t is not None:
+            w, aged = self._age_rows(slots, starts, counts, t, w)
+            decay = aged if decay is None else decay * aged
+        if keep is not None:
+            decay = keep if decay is None else decay * keep
+        if decay is not None:
+            discounted = decay < 1.0
+            self._forget(slots[discounted], decay[discounted])
         self._accumulate(slots, starts, counts, np.asarray(X), r, w)
         self._arrays["count"][slots] += counts
         self._invalidate(slots, counts)
+        return [self._arms[s] for s in slots.tolist()]
+
+    def _check_times(self, times: Any, n: int) -> np.ndarray | None:
+        """The rows' event times as int64 milliseconds when this policy forgets by time (None
+        otherwise); a ValueError saying what was expected."""
+        if self.half_life_s is None:
+            return None
+        if times is None:
+            raise ValueError(f"{type(self).__name__} forgets by event time (half_life_s={self.half_life_s:g}): "
+                             "update_batch needs the rows' times (epoch milliseconds)")  # fmt: skip
+        t = np.asarray(times)
+        if t.shape != (n,):
+            raise ValueError(f"times has shape {t.shape}, but X has {n} rows")
+        if n and t.dtype.kind not in "iu":
+            if t.dtype.kind != "f" or not np.isfinite(t).all() or (t != np.round(t)).any():
+                raise ValueError("times must be whole epoch milliseconds")
+        return t.astype(np.int64)
+
+    def _decay_over(self, elapsed_ms: np.ndarray) -> np.ndarray:
+        """``2^(-elapsed / half-life)``: what evidence keeps after ``elapsed_ms`` of event time."""
+        return np.exp2(elapsed_ms.astype(np.float64) / (-1000.0 * self.half_life_s))
+
+    def _age_rows(
+        self, slots: np.ndarray, starts: np.ndarray, counts: np.ndarray, t: np.ndarray, w: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Forgetting by time over a batch (rows grouped by arm): each arm is brought to
+        ``T = max(clock, newest row)``, its clock set to ``T``; returns the rows' weights aged
+        to ``T`` and each arm's decay of what it held before the batch (module docstring)."""
+        clock = self._arrays["clock"]
+        before = clock[slots]
+        newest = np.maximum(np.maximum.reduceat(t, starts), before)
+        before = np.where(before == NEVER, newest, before)  # an arm with no clock has nothing to age
+        w = w * self._decay_over(np.repeat(newest, counts) - t)
+        clock[slots] = newest
+        return w, self._decay_over(newest - before)
+
+    @property
+    def clock(self) -> int | None:
+        """The newest event time (epoch ms) any arm has been brought to; None when no arm has
+        learned a timed row (or the policy does not forget by time)."""
+        if self.half_life_s is None or not self._arms:
+            return None
+        newest = int(self._arrays["clock"][: len(self._arms)].max())
+        return None if newest == NEVER else newest
+
+    def age(self, to_ms: int | None = None) -> list[str]:
+        """Bring every arm whose clock is behind ``to_ms`` (default :attr:`clock`, the newest)
+        to it, forgetting as the time between says; the arms aged. A no-op for a policy that does
+        not forget by time. What a snapshot does to arms nobody played (:meth:`scoring_view`)."""
+        if self.half_life_s is None:
+            return []
+        if self._scoring_only:
+            raise ScoringOnlyError(f"{type(self).__name__} built from a scoring view cannot age")
+        to = self.clock if to_ms is None else int(to_ms)
+        if to is None:
+            return []
+        clock = self._arrays["clock"][: len(self._arms)]
+        slots = np.flatnonzero((clock != NEVER) & (clock < to))
+        if len(slots):
+            self._forget(slots, self._decay_over(to - clock[slots]))
+            clock[slots] = to
+            self._invalidate(slots, np.full(len(slots), -1))  # changed as by a load: refactorise
         return [self._arms[s] for s in slots.tolist()]
 
     def _forget(self, slots: np.ndarray, decay: np.ndarray) -> None:
@@ -659,7 +766,7 @@ class Policy:
             stacked = {
                 name: np.stack([np.asarray(arms[a][name], dtype=np.float64) for a in ids]) for name in cls._scoring_names
             }
-            for name, (_, dtype) in policy._detector_specs().items():
+            for name, (_, dtype) in {**policy._detector_specs(), **policy._clock_specs()}.items():
                 if all(name in arms[a] for a in ids):
                     stacked[name] = np.stack([np.asarray(arms[a][name], dtype=dtype) for a in ids])
             count = np.array([int(np.asarray(arms[a].get("count", 0))) for a in ids], dtype=np.int64)
@@ -667,7 +774,17 @@ class Policy:
         return policy
 
     def scoring_view(self) -> Policy:
-        """A scoring-only copy holding every arm's scoring arrays (what a snapshot carries)."""
+        """A scoring-only copy holding every arm's scoring arrays (what a snapshot carries).
+
+        A policy that forgets by time scores every arm as of its newest clock: arms behind it
+        are aged in a copy (:meth:`age`), this policy's own state is left as it is."""
+        if self.half_life_s is not None and not self._scoring_only:
+            newest = self.clock
+            behind = self._arrays["clock"][: len(self._arms)]
+            if newest is not None and ((behind != NEVER) & (behind < newest)).any():
+                aged = type(self).from_bytes(self.to_bytes())
+                aged.age(newest)
+                return aged.scoring_view()
         slots = np.arange(len(self._arms))
         view = type(self)(**self.get_params())
         view._scoring_only = True
@@ -712,7 +829,8 @@ class Policy:
         return arrays
 
     def _detector_arrays(self, slots: np.ndarray) -> dict[str, np.ndarray]:
-        return {name: self._arrays[name][slots] for name in self._detector_specs()}
+        """The arrays both views carry beside the statistics: a detector's and the clock."""
+        return {name: self._arrays[name][slots] for name in (*self._detector_specs(), *self._clock_specs())}
 
     def _load_view(self, slots: np.ndarray, arrays: Mapping[str, np.ndarray], view: str, count: np.ndarray | None) -> None:
         """Check shapes and values of stacked arrays for ``slots`` against ``view`` and load them."""
@@ -724,14 +842,17 @@ class Policy:
         carried = set(arrays) & set(optional)
         detector = {name: shape for name, (shape, _) in self._detector_specs().items()}
         detected = set(arrays) & set(detector)  # none: a blob from before the detector, which starts fresh
-        if set(arrays) - carried - detected != set(shapes) or carried not in (set(), set(optional)) or detected not in (
-            set(), set(detector)
+        clock = {name: shape for name, (shape, _) in self._clock_specs().items()}
+        clocked = set(arrays) & set(clock)  # none: a blob written before the policy forgot by time
+        groups = ((optional, carried), (detector, detected), (clock, clocked))
+        if set(arrays) - carried - detected - clocked != set(shapes) or any(
+            held not in (set(), set(group)) for group, held in groups
         ):
-            also = "".join(f" (and all or none of {sorted(group)})" for group in (optional, detector) if group)
+            also = "".join(f" (and all or none of {sorted(group)})" for group, _ in groups if group)
             raise StateFormatError(
                 f"{self.name} {view} state needs arrays {sorted(shapes)}{also}, the blob has {sorted(arrays)}"
             )
-        shapes = {**shapes, **{name: optional[name] for name in carried}, **{name: detector[name] for name in detected}}
+        shapes = {**shapes, **{name: group[name] for group, held in groups for name in held}}
         for name, shape in shapes.items():
             value = arrays[name]
             if value.shape != (g, *shape):
@@ -749,6 +870,9 @@ class Policy:
         for name in detector:
             previous[name] = self._arrays[name][slots]
             self._arrays[name][slots] = arrays[name] if detected else 0
+        for name in clock:
+            previous[name] = self._arrays[name][slots]
+            self._arrays[name][slots] = arrays[name] if clocked else NEVER
         if view == "full":
             previous.update((name, self._arrays[name][slots]) for name in self._stat_names)
             cache = self._cache_of(slots)

@@ -91,7 +91,7 @@ DEFAULT_MEMBERS = (
     {"policy": "lin_ucb", "alpha": 0.3, "eps0": 0.01, "gamma": 0.995},
 )
 #: Settings a portfolio may give every member (a member's own value wins).
-COMMON = ("eps0", "gamma", "prior_mean", "prior_strength", "arm_priors")
+COMMON = ("eps0", "gamma", "half_life_s", "prior_mean", "prior_strength", "arm_priors")
 #: Parameters that shape only how a per-arm linear member decides, never what it learns.
 _DECIDING = frozenset({"alpha", "v", "n_draws", "gamma_scale", "gamma_exponent", "eps0", "seed"})
 _SELECTION = ("select_n", "select_reward", "select_d", "select_c", "select_s", "select_w", "select_w2")
@@ -249,14 +249,16 @@ class Portfolio(Policy):
     def update_count(self, arm: Any) -> int:
         return self.members[0].update_count(arm)
 
-    def update_batch(self, X: np.ndarray, arms: Sequence[Any], rewards: Any, weights: Any = None) -> list[str]:
+    def update_batch(self, X: np.ndarray, arms: Sequence[Any], rewards: Any, weights: Any = None, times: Any = None) -> list[str]:
         """Every member learns the batch; the touched arm ids (the same for every member)."""
         if self._scoring_only:
             raise ScoringOnlyError("Portfolio built from a scoring view cannot learn")
-        touched = self.members[0].update_batch(X, arms, rewards, weights)  # validates before any member learns
+        for member in self.members[1:]:  # every member's check before any member learns
+            member._check_times(times, len(rewards))
+        touched = self.members[0].update_batch(X, arms, rewards, weights, times)
         for i, member in enumerate(self.members[1:], 1):
             if self._leader[i] == i:
-                member.update_batch(X, arms, rewards, weights)
+                member.update_batch(X, arms, rewards, weights, times)
             else:
                 _take_learning(self.members[self._leader[i]], member, touched)
         return touched
@@ -277,6 +279,17 @@ class Portfolio(Policy):
 
     def alarms(self, arm: Any) -> int:
         return self.acting_member.alarms(arm)
+
+    @property
+    def clock(self) -> int | None:  # type: ignore[override]
+        """The newest event time any member's arm has been brought to (members forgetting by time)."""
+        clocks = [c for c in (member.clock for member in self.members) if c is not None]
+        return max(clocks) if clocks else None
+
+    def age(self, to_ms: int | None = None) -> list[str]:
+        """Every member that forgets by time brings its arms to ``to_ms`` (default the newest clock)."""
+        to = self.clock if to_ms is None else to_ms
+        return sorted({arm for member in self.members for arm in member.age(to)})
 
     def drift(self, arm: Any) -> Drift:
         return self.acting_member.drift(arm)
@@ -536,7 +549,7 @@ def _take_learning(source: Policy, target: Policy, arms: Sequence[str]) -> None:
     src = np.array([source._existing_slot(a) for a in arms], dtype=np.intp)
     dst = np.array([target._slot_of(a) for a in arms], dtype=np.intp)
     counts = source._arrays["count"][src] - target._arrays["count"][dst]
-    for name in (*source._stat_names, "count", *source._detector_specs()):
+    for name in (*source._stat_names, "count", *source._detector_specs(), *source._clock_specs()):
         target._arrays[name][dst] = source._arrays[name][src]
     target._invalidate(dst, counts)
 
