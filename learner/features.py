@@ -96,10 +96,13 @@ class FeatureConfig:
     - ``intercept``: slot 0 is a constant 1.0 (the policies put their prior mean there).
     - ``action_id``: in shared rows, hash the action id as a categorical action feature.
     - ``vector_dim``, ``action_vector_dim``: length of the optional dense vectors (0: none).
-    - ``vector_layout``: ``hashed`` (the context vector's values hashed like named features) or
+    - ``vector_layout``: ``hashed`` (the context vector's values hashed like named features),
       ``direct`` (value i in slot ``intercept + i``, exactly, and every hashed feature in the
       slots after them: an embedding passes through without collisions; ``dimension`` must
-      leave room for both).
+      leave room for both) or ``auto``, the default: ``direct`` when a ``vector_dim`` is
+      declared and ``dimension`` leaves at least one hashed slot after it, else ``hashed``. It
+      is resolved when the config is built, so ``to_dict`` and the hash name the layout used.
+      A dict without the key (written before layouts existed) is ``hashed``, as it was then.
     - ``clip``: bound on the absolute z-score.
     - ``seed``: key of the hash; another seed gives an independent hashing.
     """
@@ -112,7 +115,7 @@ class FeatureConfig:
     action_id: bool = True
     vector_dim: int = 0
     action_vector_dim: int = 0
-    vector_layout: str = "hashed"
+    vector_layout: str = "auto"
     clip: float = 5.0
     seed: int = 0
 
@@ -128,8 +131,11 @@ class FeatureConfig:
             raise ValueError(f"dimension must leave at least one hashed slot, got {self.dimension}")
         if self.vector_dim < 0 or self.action_vector_dim < 0:
             raise ValueError("vector_dim and action_vector_dim must be >= 0")
-        if self.vector_layout not in ("hashed", "direct"):
-            raise ValueError(f"vector_layout must be 'hashed' or 'direct', got {self.vector_layout!r}")
+        if self.vector_layout not in ("auto", "hashed", "direct"):
+            raise ValueError(f"vector_layout must be 'auto', 'hashed' or 'direct', got {self.vector_layout!r}")
+        if self.vector_layout == "auto":  # a declared vector that fits passes through unhashed
+            fits = 0 < self.vector_dim and int(self.intercept) + self.vector_dim + 1 <= self.dimension
+            object.__setattr__(self, "vector_layout", "direct" if fits else "hashed")
         if self.vector_layout == "direct" and self.dimension < int(self.intercept) + self.vector_dim + 1:
             raise ValueError(f"dimension {self.dimension} leaves no hashed slot after the intercept and the {self.vector_dim} "
                              f"direct vector slots: give at least {int(self.intercept) + self.vector_dim + 1}")
@@ -145,7 +151,9 @@ class FeatureConfig:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> FeatureConfig:
-        return cls(**data)
+        """The config of ``to_dict``'s output; without a ``vector_layout`` (a snapshot from
+        before layouts existed) the vector was hashed."""
+        return cls(**{"vector_layout": "hashed", **data})
 
     def config_hash(self) -> str:
         """First 16 hex digits of SHA-256 over the canonical JSON of every field and the format."""

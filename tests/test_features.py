@@ -332,6 +332,25 @@ def test_a_direct_vector_needs_room_for_the_hashed_features():
     assert FeatureConfig(dimension=64).config_hash() == FeatureConfig(dimension=64, vector_layout="hashed").config_hash()
 
 
+def test_a_declared_vector_that_fits_passes_through_unhashed_by_default():
+    fits = FeatureConfig(dimension=64, vector_dim=32, normalize=False)
+    assert fits.vector_layout == "direct"  # resolved when built: the dict and the hash name it
+    assert fits.to_dict()["vector_layout"] == "direct"
+    assert fits.config_hash() == FeatureConfig(dimension=64, vector_dim=32, normalize=False, vector_layout="direct").config_hash()
+    vector = np.linspace(-1.0, 1.0, 32)
+    row = FeatureEncoder(fits).context_vector({"vector": vector.tolist(), "numeric": {"x": 2.0}})
+    np.testing.assert_array_equal(row[1:33], vector)  # no collisions, no signs
+    assert np.count_nonzero(row[33:]) == 1  # the named feature hashed after it
+    # no room for a hashed slot after the vector, or no vector: hashed, as before
+    assert FeatureConfig(dimension=33, vector_dim=32).vector_layout == "hashed"
+    assert FeatureConfig(dimension=64).vector_layout == "hashed"
+    assert FeatureConfig(dimension=64).config_hash() == FeatureConfig.from_dict(FeatureConfig(dimension=64).to_dict()).config_hash()
+    # a snapshot's feature dict from before layouts existed hashed its vector: it still does
+    legacy = {k: v for k, v in fits.to_dict().items() if k != "vector_layout"}
+    assert FeatureConfig.from_dict(legacy).vector_layout == "hashed"
+    assert FeatureConfig.from_dict(fits.to_dict()) == fits
+
+
 def test_docstring_examples_run():
     result = doctest.testmod(learner.features)
     assert result.attempted > 0
