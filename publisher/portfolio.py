@@ -21,9 +21,11 @@ At each publish of a portfolio domain (:meth:`PortfolioJudge.judge`):
    switches: a publisher restarted later continues from the latest snapshot.
 
 The rows are let go once a snapshot that judged them is published; a publish the guards hold
-back leaves them to the next, so each row counts once, in the snapshot that learned it. A row
-the tail has not read when its publish comes (it is read to its end first, within a budget) is
-not judged later: the evidence is a sample of the log, never a row twice. Exported:
+back leaves them to the next, so each row counts once, in the snapshot that learned it. The
+tail is read up to the new snapshot's offsets before it is judged (they are in the log: the
+learners read them), so the verdict is a function of the snapshots and the log, not of how
+fast the tail read; only a tail that cannot reach them within a budget (30 s, a warning) leaves
+rows unjudged, never judged twice. Exported:
 ``banditstream_portfolio_acting{domain, member}`` (1 for the acting member),
 ``banditstream_portfolio_switches_total{domain}``, ``banditstream_portfolio_judged_rows_total{domain}``.
 """
@@ -61,6 +63,8 @@ class PortfolioLog:
         self.serde = config.serde("update", topic=self.topic)
         self.consumer = BatchConsumer(config.kafka, f"banditstream-portfolio-{uuid.uuid4().hex[:8]}", [self.topic])
         self.rows: dict[str, deque[tuple[int, int, dict[str, Any]]]] = {d: deque(maxlen=max_rows) for d in domains}
+        #: partition -> the next offset to read (every record counts, of any domain or none)
+        self.position: dict[int, int] = {}
 
     def poll(self, timeout: float = 0.0) -> int:
         """One poll; the records read (any domain)."""
@@ -69,13 +73,20 @@ class PortfolioLog:
             rows = self.rows.get(update["domain"])
             if rows is not None and update["tenant"] == self.tenant and update["workspace"] == self.workspace and not update["reset"]:
                 rows.append((message.partition(), message.offset(), update))
+        for (topic, partition), offset in batch.next_offsets.items():
+            if topic == self.topic:
+                self.position[partition] = max(offset, self.position.get(partition, 0))
         return len(batch.messages) + len(batch.failures)
 
-    def read_to_end(self, budget_s: float = 5.0) -> None:
-        """Poll until a poll finds nothing (or ``budget_s`` runs out)."""
+    def read_until(self, until: Mapping[int, int], budget_s: float = 30.0) -> bool:
+        """Poll until every partition p is read up to ``until[p]`` (the offsets a snapshot
+        learned to, which are in the log already); False when ``budget_s`` ran out first."""
         deadline = time.monotonic() + budget_s
-        while self.poll(0.2) and time.monotonic() < deadline:
-            pass
+        while any(self.position.get(p, 0) < offset for p, offset in until.items()):
+            if time.monotonic() >= deadline:
+                return False
+            self.poll(0.2)
+        return True
 
     def take(self, domain: str, since: Mapping[int, int], until: Mapping[int, int]) -> list[dict[str, Any]]:
         """The domain's rows at offsets ``since[p] <= offset < until[p]`` of each updates
@@ -160,7 +171,9 @@ class PortfolioJudge:
             log.info("%s: the portfolio's members changed; its evidence starts over", domain)
             previous = None
         scorer = previous[0] if previous is not None else self.settings[domain].make_policy()
-        self.log.read_to_end()
+        if not self.log.read_until(until):
+            log.warning("%s: the updates topic was not read up to the snapshot's offsets in time; the rows not read "
+                        "are not judged", domain)  # fmt: skip
         rows = self.log.take(domain, previous[1] if previous is not None else {}, until)
         switch = None
         judged = 0
