@@ -22,7 +22,11 @@ library expects them):
   over the default features (z sent as named numeric features ``{"numeric": {"x0": ..}}``,
   hashed into 64 slots with an intercept, z-scored by the running normaliser). It decides as the SDK does (``encoder.action_matrix``, then
   ``policy.probabilities``) and learns as the join and learner do (each row encoded with the
-  normaliser as it stands, then observed; one ``update_batch``). This is the headline.
+  normaliser as it stands, then observed; one ``update_batch``). This is the headline. Event time
+  is one step a second (a row's ``times`` is its step in ms), so ``half_life_s`` counts steps;
+  before each segment it decides, the policy is aged as a snapshot would be (``policy.age()``,
+  a no-op unless it forgets by time; at B = 1 that ages every arm every step, which makes a
+  half-life variant several times slower than the default there).
 - **our LinUCB**, **our LinTS** (floor eps0=0.05, their default), **our IGW** (``lin_igw``, the
   default policy): the policies with default parameters on the dense row (1, z), no hashing or
   normalising: what the policy alone does, and what the default features cost.
