@@ -642,6 +642,11 @@ class Policy:
         newest = int(self._arrays["clock"][: len(self._arms)].max())
         return None if newest == NEVER else newest
 
+    def _behind(self, to: int) -> np.ndarray:
+        """Slots of the arms with a clock earlier than ``to`` (an arm with none has nothing to age)."""
+        clock = self._arrays["clock"][: len(self._arms)]
+        return np.flatnonzero((clock != NEVER) & (clock < to))
+
     def age(self, to_ms: int | None = None) -> list[str]:
         """Bring every arm whose clock is behind ``to_ms`` (default :attr:`clock`, the newest)
         to it, forgetting as the time between says; the arms aged. A no-op for a policy that does
@@ -653,8 +658,8 @@ class Policy:
         to = self.clock if to_ms is None else int(to_ms)
         if to is None:
             return []
-        clock = self._arrays["clock"][: len(self._arms)]
-        slots = np.flatnonzero((clock != NEVER) & (clock < to))
+        clock = self._arrays["clock"]
+        slots = self._behind(to)
         if len(slots):
             self._forget(slots, self._decay_over(to - clock[slots]))
             clock[slots] = to
@@ -780,8 +785,7 @@ class Policy:
         are aged in a copy (:meth:`age`), this policy's own state is left as it is."""
         if self.half_life_s is not None and not self._scoring_only:
             newest = self.clock
-            behind = self._arrays["clock"][: len(self._arms)]
-            if newest is not None and ((behind != NEVER) & (behind < newest)).any():
+            if newest is not None and len(self._behind(newest)):
                 aged = type(self).from_bytes(self.to_bytes())
                 aged.age(newest)
                 return aged.scoring_view()
@@ -790,7 +794,7 @@ class Policy:
         view._scoring_only = True
         for arm in self._arms:
             view._slot_of(arm)
-        arrays = {**self._scoring_stack(slots), **self._detector_arrays(slots)}
+        arrays = {**self._scoring_stack(slots), **self._side_arrays(slots)}
         view._load_view(slots, arrays, "scoring", count=self._arrays["count"][slots])
         return view
 
@@ -825,10 +829,10 @@ class Policy:
                 arrays[name] = pack_symmetric(value) if name in self._packed else value
             arrays.update(self._carried_arrays(slots))
         arrays["count"] = self._arrays["count"][slots]
-        arrays.update(self._detector_arrays(slots))
+        arrays.update(self._side_arrays(slots))
         return arrays
 
-    def _detector_arrays(self, slots: np.ndarray) -> dict[str, np.ndarray]:
+    def _side_arrays(self, slots: np.ndarray) -> dict[str, np.ndarray]:
         """The arrays both views carry beside the statistics: a detector's and the clock."""
         return {name: self._arrays[name][slots] for name in (*self._detector_specs(), *self._clock_specs())}
 
