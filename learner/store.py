@@ -100,6 +100,7 @@ class ArmState:
 #   m\0<name>                              store metadata (format, version, partition)
 #   o\0<topic>\0<partition: u32 BE>        next offset to read (u64 BE)
 #   s\0<tenant>\0<workspace>\0<domain>\0<arm>   an ArmState envelope
+#   r\0<tenant>\0<workspace>\0<domain>     the time of the domain's newest reset (u64 BE, epoch ms)
 #
 # NUL is the separator and sorts below every other byte, so the s\0...<domain>\0 prefix
 # of a domain is never a prefix of another domain's keys ("route" vs "router").
@@ -108,6 +109,7 @@ _SEP = b"\x00"
 _META = b"m\x00"
 _OFFSETS = b"o\x00"
 _STATES = b"s\x00"
+_RESETS = b"r\x00"
 _META_FORMAT = _META + b"format"
 
 _FORMAT = "banditstream.posterior-shard"
@@ -162,6 +164,10 @@ def _parse_state_key(raw: bytes) -> ArmKey | None:
         return ArmKey(*(part.decode("utf-8") for part in parts))
     except UnicodeDecodeError:
         return None
+
+
+def _reset_key(tenant: str, workspace: str, domain: str) -> bytes:
+    return _RESETS + _domain_prefix(tenant, workspace, domain)[len(_STATES) : -1]
 
 
 def _offset_key(topic: str, partition: int) -> bytes:
@@ -407,10 +413,12 @@ class Shard:
         self,
         arm_states: Mapping[ArmKey, ArmState],
         offsets: Mapping[TopicPartition, int],
+        resets: Mapping[tuple[str, str, str], int] | None = None,
     ) -> None:
         """Write the touched arms' states and the consumed offsets in one atomic batch.
 
-        ``offsets`` maps each source ``(topic, partition)`` to the next offset to read.
+        ``offsets`` maps each source ``(topic, partition)`` to the next offset to read;
+        ``resets`` each (tenant, workspace, domain) to the time of its newest model reset.
         Everything is validated before anything is written; an offset below the stored one
         raises :class:`~learner.errors.OffsetRegression` and writes nothing.
         """
@@ -436,6 +444,11 @@ class Shard:
             advanced[(topic, partition)] = offset
         for key, state in arm_states.items():
             batch.put(_state_key(key), _encode_state(state, ArmKey(*key)))
+        for (tenant, workspace, domain), at in (resets or {}).items():
+            number = _int_in(at, 0, 2**63)
+            if number is None:
+                raise ValueError(f"reset time of {tenant}/{workspace}/{domain} must be an int >= 0, got {at!r}")
+            batch.put(_reset_key(tenant, workspace, domain), number.to_bytes(8, "big"))
         if batch.is_empty():
             return
         db.write(batch, self._write_options)
@@ -464,6 +477,16 @@ class Shard:
             if key is None:
                 raise StoreCorruption(self.name, repr(raw_key), "malformed state key")
             yield key, _decode_state(value, self.name, raw_key)
+
+    def resets(self) -> dict[tuple[str, str, str], int]:
+        """Per (tenant, workspace, domain), the time of its newest model reset, as last applied."""
+        out = {}
+        for raw_key, value in self._scan(_RESETS):
+            parts = raw_key[len(_RESETS) :].split(_SEP)
+            if len(parts) != 3 or len(value) != 8:
+                raise StoreCorruption(self.name, repr(raw_key), "malformed reset entry")
+            out[tuple(part.decode("utf-8", "replace") for part in parts)] = int.from_bytes(value, "big")
+        return out
 
     def offsets(self) -> dict[TopicPartition, int]:
         """The next offset to read per source ``(topic, partition)``, as last applied."""

@@ -25,6 +25,12 @@ in the block: the rows before it are folded, then every model of the domain retu
 priors (keeping its place, so its prior state is persisted and published like any other), then
 the rows after it are folded. A model whose own floor lies past the marker (a rebuilt shard's
 model published after it) already starts from the reset and is left alone.
+
+A reset starts over from the marker's time, not only from its offset: an update of a decision
+made before it that reaches the log after it (a default reward that fired late, a reward that
+came in after the reset) is not learned (counted as ``before_reset``). The newest reset time
+per domain is part of the state: stored with the block (:meth:`Shard.apply`) and published
+with every model (``reset_time``), so a restart or a rebuild skips the same rows.
 """
 
 from __future__ import annotations
@@ -42,10 +48,12 @@ from learner.errors import StoreError
 from learner.policies import Drift, Policy
 from learner.store import ArmKey, ArmState, Shard
 
-__all__ = ["RESET", "BlockStats", "DomainModel", "ModelState", "ShardLearner", "StateMismatch", "Update"]
+__all__ = ["BEFORE_RESET", "RESET", "BlockStats", "DomainModel", "ModelState", "ShardLearner", "StateMismatch", "Update"]
 
 #: The mode of a model-reset marker (see the module docstring).
 RESET = "reset"
+#: How an update of a decision made before its domain's newest reset is counted (not learned).
+BEFORE_RESET = "before_reset"
 
 
 class StateMismatch(StoreError):
@@ -62,7 +70,7 @@ class Update(NamedTuple):
     reward: float
     weight: float
     mode: str  # live, shadow or off; only live updates are learned as acted; RESET for a reset marker
-    time: int = 0  # the decision's event time, epoch ms: what a policy that forgets by time counts
+    time: int = 0  # the decision's event time, epoch ms (a marker's: the reset's time)
 
 
 @dataclass(frozen=True)
@@ -107,6 +115,7 @@ class ModelState(NamedTuple):
     key: ArmKey
     state: ArmState
     drift: Drift
+    reset_time: int = 0  # its domain's newest reset as of this state (epoch ms; 0: never)
 
 
 class BlockStats(NamedTuple):
@@ -130,6 +139,8 @@ class _Fold:
     not_acted: dict[str, int] = field(default_factory=dict)
     #: per (tenant, workspace, domain): (rows of it before the marker, the marker's offset), in order
     resets: dict[tuple[str, str, str], list[tuple[int, int]]] = field(default_factory=dict)
+    #: per domain reset in the block: its newest reset time at the block's end
+    reset_times: dict[tuple[str, str, str], int] = field(default_factory=dict)
 
 
 class ShardLearner:
@@ -180,6 +191,9 @@ class ShardLearner:
         self._stored = shard.offsets().get((topic, partition))
         self._on_block = on_block
         self._policies: dict[tuple[str, str, str], Policy] = {}
+        #: per (tenant, workspace, domain): the time of its newest reset (rows decided before it are not learned)
+        self._reset_times: dict[tuple[str, str, str], int] = {}
+        self._unsaved_resets: set[tuple[str, str, str]] = set()
         # dedupe window: event_id -> block it was seen in, and the blocks in order
         self._seen: dict[str, int] = {}
         self._window: collections.deque[tuple[int, set[str]]] = collections.deque()
@@ -212,14 +226,22 @@ class ShardLearner:
             model.check(key, state.policy, state.dimension, state.feature_hash, self.shard.name)
             self._policy(key).load_arm_state(key.arm, state.state)
             loaded += 1
+        self._reset_times.update(self.shard.resets())
         return loaded
 
-    def load_published(self, key: ArmKey, policy: str, dimension: int, feature_hash: str, state: bytes) -> None:
+    def load_published(
+        self, key: ArmKey, policy: str, dimension: int, feature_hash: str, state: bytes, reset_time: int = 0
+    ) -> None:
         """Adopt one published model state (a rebuild from the posterior topic)."""
         model = self.domains[key.domain]
         model.check(key, policy, dimension, feature_hash, f"posterior topic, partition {self.partition}")
         self._policy(key).load_arm_state(key.arm, state)
         self._unsaved.add(key)  # the local store does not have it yet
+        if reset_time > self._reset_times.get(key[:3], 0):
+            # Taking the newest of the models' is exact: a row it skips that an older model's
+            # resume would have learned lies before that model's next marker, which resets it.
+            self._reset_times[key[:3]] = reset_time
+            self._unsaved_resets.add(key[:3])
 
     def keys(self) -> list[ArmKey]:
         """Every model this shard holds (committed state)."""
@@ -259,6 +281,8 @@ class ShardLearner:
         fold = self._fold(block, self._pending)
         touched = self._apply(fold, self._policies)
         self._unsaved.update(touched)
+        self._reset_times.update(fold.reset_times)
+        self._unsaved_resets.update(fold.reset_times)
         self._window.append((block, fold.ids))
         for event_id in fold.ids:
             self._seen[event_id] = block
@@ -267,9 +291,11 @@ class ShardLearner:
         persisted = False
         if end > (self._stored or 0) and end >= self._persist_from:
             states = {key: self._state(key) for key in sorted(self._unsaved)}
-            self.shard.apply(states, {(self.topic, self.partition): end})
+            resets = {twd: self._reset_times[twd] for twd in sorted(self._unsaved_resets)}
+            self.shard.apply(states, {(self.topic, self.partition): end}, resets)
             self._stored = end
             self._unsaved.clear()
+            self._unsaved_resets.clear()
             persisted = True
         if end >= self._persist_from:
             self._floors.clear()  # every floor is behind us
@@ -294,6 +320,8 @@ class ShardLearner:
         ids = fold.ids
         floors = self._floors
         floor = self.floor
+        reset_times = fold.reset_times
+        since = self._reset_times
         for update in updates:
             event_id = update.event_id
             counted = update.offset >= floor
@@ -306,6 +334,7 @@ class ShardLearner:
                 if counted:
                     twd = update.key[:3]
                     fold.resets.setdefault(twd, []).append((len(fold.groups.get(twd, ())), update.offset))
+                    reset_times[twd] = max(update.time, reset_times.get(twd, since.get(twd, 0)))
                 continue
             if update.mode != "live":
                 if counted:
@@ -313,7 +342,11 @@ class ShardLearner:
                 continue
             if update.offset < floors.get(update.key, floor):
                 continue  # already in the state this shard started from
-            fold.groups.setdefault(update.key[:3], []).append(update)
+            twd = update.key[:3]
+            if update.time < reset_times.get(twd, since.get(twd, 0)):
+                fold.not_acted[BEFORE_RESET] = fold.not_acted.get(BEFORE_RESET, 0) + 1
+                continue  # decided before the domain's reset: what the reset discarded
+            fold.groups.setdefault(twd, []).append(update)
         return fold
 
     def _prune(self, oldest_block: int) -> None:
@@ -381,8 +414,10 @@ class ShardLearner:
         """
         scratch: dict[tuple[str, str, str], Policy] = {}
         in_scratch: set[ArmKey] = set()
+        reset_times = dict(self._reset_times)
         if self._pending:
             fold = self._fold(self._pending_block, self._pending)
+            reset_times.update(fold.reset_times)
             for twd in dict.fromkeys([*fold.groups, *fold.resets]):
                 copy = self.domains[twd[2]].settings.make_policy()
                 base = self._policies.get(twd)
@@ -403,7 +438,7 @@ class ShardLearner:
             except KeyError:  # dirty, but every update of it was a duplicate
                 state = None
             if state is not None:
-                out.append(ModelState(key, state, policy.drift(key.arm)))
+                out.append(ModelState(key, state, policy.drift(key.arm), reset_times.get(twd, 0)))
         return out
 
     @property

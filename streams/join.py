@@ -734,7 +734,7 @@ class JoinWorker:
                     "state": json.dumps(export, sort_keys=True).encode(), "state_major": 1,
                     "update_count": int(max((stat[0] for stat in export["features"].values()), default=0)),
                     "watermark": [], "feature_hash": domain.feature_hash, "drift_trace": 0.0, "drift_norm": 0.0,
-                    "emitted_at": int(time.time() * 1000),
+                    "emitted_at": int(time.time() * 1000), "reset_time": 0,
                 }  # fmt: skip
                 self.producer.send_raw(topic, encode(record), key=f"~normalizer/{name}/p{part.partition}")
             part.norm_unpublished.clear()

@@ -246,7 +246,8 @@ class Learner:
         self.metrics = WorkerMetrics(WORKER)
         registry_ = self.metrics.registry
         self.not_learned = Counter(
-            "banditstream_updates_not_learned", "Valid updates not learned as acted, by mode (shadow, off).",
+            "banditstream_updates_not_learned",
+            "Valid updates not learned as acted, by mode (shadow, off, not_activated; before_reset: decided before the domain's reset).",
             ["worker", "mode"], registry=registry_,
         )  # fmt: skip
         self.resets = Counter(
@@ -406,7 +407,7 @@ class Learner:
         if fresh:
             self.resets.labels(key.domain).inc()
             log.warning("partition %d, offset %d: %s reset to its priors", partition, offset, "/".join(key[:3]))
-        return Update(offset, record["event_id"], key, [], 0.0, 0.0, RESET)
+        return Update(offset, record["event_id"], key, [], 0.0, 0.0, RESET, record["decision_time"])
 
     def _model_key(self, ids: tuple[str, str, str, str], model: DomainModel) -> tuple[ArmKey, bytes]:
         """The model an update of (tenant, workspace, domain, arm) folds into, and its shard key."""
@@ -476,7 +477,7 @@ class Learner:
                 keys.update(shard.keys())
             watermark = shard.position
             for model in shard.snapshot(sorted(keys)) if keys else ():
-                key, state, drift = model
+                key, state, drift, reset_time = model
                 record = {
                     "tenant": key.tenant,
                     "workspace": key.workspace,
@@ -492,6 +493,7 @@ class Learner:
                     "drift_trace": drift.cov_trace,
                     "drift_norm": drift.spectral_norm,
                     "emitted_at": now_ms,
+                    "reset_time": reset_time,
                 }
                 self._produce(posterior, partition, str(key), self.posterior_serde.encode(record))
             produced.append((partition, watermark, keys))
@@ -643,7 +645,7 @@ class Learner:
         )  # fmt: skip
         for key, p in usable.items():
             r = p.record
-            shard.load_published(key, r["policy"], r["dimension"], r["feature_hash"], r["state"])
+            shard.load_published(key, r["policy"], r["dimension"], r["feature_hash"], r["state"], r["reset_time"])
         log.info(
             "shard %d: not in the local store; rebuilt %d models from %s, resuming at offset %d",
             partition, len(usable), self.config.topics.posterior, start,

@@ -9,13 +9,15 @@ publisher's table following, and the evaluation readers skipping them.
 from __future__ import annotations
 
 import random
+import tempfile
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from learner.store import ArmKey, PosteriorStore
-from streams._learn_shard import RESET, DomainModel, ShardLearner, Update
+from streams._learn_shard import BEFORE_RESET, RESET, BlockStats, DomainModel, ShardLearner, Update
 from streams.evaluation_log import read_updates
 from streams.reset import is_reset, reset_marker, send_reset
 from streams.serde import AvroSerde
@@ -28,12 +30,12 @@ DOMAINS = {name: DomainModel.of(settings) for name, settings in h.domain_setting
 MARKERS = {1000: "route", 1500: "tool", 2200: "route"}
 
 
-def marker(offset: int, domain: str) -> Update:
-    return Update(offset, f"reset-{offset}", ArmKey("default", "main", domain, ""), [], 0.0, 0.0, RESET)
+def marker(offset: int, domain: str, time: int = 0) -> Update:
+    return Update(offset, f"reset-{offset}", ArmKey("default", "main", domain, ""), [], 0.0, 0.0, RESET, time)
 
 
-def as_update(offset: int, u: dict) -> Update:
-    return Update(offset, u["event_id"], h.model_key(u), u["features"], u["reward"], u["weight"], u["mode"])
+def as_update(offset: int, u: dict, time: int = 0) -> Update:
+    return Update(offset, u["event_id"], h.model_key(u), u["features"], u["reward"], u["weight"], u["mode"], time)
 
 
 def streams_with_and_without_resets(n: int = 3000, seed: int = 5) -> tuple[list[Update | None], list[Update | None]]:
@@ -51,6 +53,30 @@ def streams_with_and_without_resets(n: int = 3000, seed: int = 5) -> tuple[list[
         update = as_update(offset, u)
         with_resets.append(update)
         without.append(None if offset < last_reset.get(u["domain"], -1) else update)
+    return with_resets, without
+
+
+#: In the timed stream a row at offset o was decided at o ms, a marker resets at its offset's time,
+#: and every third row in LATE was decided just before the 2200 reset of "route" (it reached the
+#: log late: a reward after the reset, a default that fired late).
+LATE = range(2201, 2600, 3)
+
+
+def timed_streams(n: int = 3000, seed: int = 5) -> tuple[list[Update | None], list[Update | None]]:
+    """The timed partition, and the same partition with every route row the 2200 reset should
+    discard dead-lettered instead: those before it, and the late ones after it decided before it.
+    The late rows of the other domains are learned: their resets (tool at 1500) came earlier."""
+    with_resets, without = [], []
+    for offset, u in enumerate(h.make_updates(n, seed=seed)):
+        if offset in MARKERS:
+            with_resets.append(marker(offset, MARKERS[offset], time=offset))
+            without.append(None)
+            continue
+        late = offset in LATE
+        update = as_update(offset, u, time=2199 if late else offset)
+        with_resets.append(update)
+        discarded = {"route": offset < 2200 or late, "tool": offset < 1500}.get(u["domain"], False)
+        without.append(None if discarded else update)
     return with_resets, without
 
 
@@ -121,6 +147,60 @@ def test_a_reset_in_the_trailing_block_shows_in_what_is_published_not_in_the_sto
     assert route <= shard.dirty
 
 
+@pytest.mark.parametrize("block_size", [64, 2])
+def test_a_row_decided_before_a_reset_that_reaches_the_log_after_it_is_not_learned_across_restarts(tmp_path, block_size):
+    with_resets, without = timed_streams()
+    late_route = [o for o in LATE if with_resets[o] and with_resets[o].key.domain == "route" and with_resets[o].mode == "live"]
+    assert len(late_route) > 20
+    published, stored, _ = fold(tmp_path / "reset", with_resets, block_size=block_size)
+    reference, _, _ = fold(tmp_path / "reference", without, block_size=block_size)
+    assert {k: published[k] for k in reference} == reference
+    assert all(published[k] == (0, prior_state(k)) for k in set(published) - set(reference))
+    # the late rows of the other domains were learned: they are in the reference
+    assert any(with_resets[o].key.domain != "route" for o in LATE if with_resets[o])
+
+    # A restart between the marker and the late rows must remember the reset's time: the
+    # store holds it with the block, not only the offset.
+    restarts = [2240, 2241, 2300, 2450] + sorted(random.Random(block_size).sample(range(2201, 2600), 3))
+    again = fold(tmp_path / "restarted", with_resets, restarts, block_size=block_size)
+    assert again[:2] == (published, stored)
+    with PosteriorStore(tmp_path / "restarted") as store:
+        assert store.shard(0).resets() == {("default", "main", "route"): 2200, ("default", "main", "tool"): 1500}
+
+
+def test_rows_decided_before_a_reset_are_counted_as_before_reset():
+    with_resets, _ = timed_streams()
+    blocks: list[BlockStats] = []
+    with PosteriorStore(Path(tempfile.mkdtemp()) / "s") as store:
+        shard = ShardLearner(0, "u", DOMAINS, store.shard(0), block_size=64, window_blocks=4, start=0, on_block=blocks.append)
+        for offset, update in enumerate(with_resets):
+            shard.feed(offset, update)
+    late = sum(1 for o in LATE if with_resets[o] and with_resets[o].key.domain == "route" and with_resets[o].mode == "live")
+    assert sum(b.not_acted.get(BEFORE_RESET, 0) for b in blocks) == late
+
+
+@pytest.mark.parametrize("cut", [2199, 2250], ids=["published-before-the-marker", "after-it"])
+def test_a_shard_rebuilt_from_states_published_after_a_reset_still_skips_rows_decided_before_it(tmp_path, cut):
+    """Published after the marker, a rebuilt shard never reads the marker again: only the
+    ``reset_time`` published with each model tells it which later rows to leave out."""
+    with_resets, without = timed_streams()
+    reference, _, _ = fold(tmp_path / "reference", without)
+    with PosteriorStore(tmp_path / "old") as store:
+        old = ShardLearner(0, "u", DOMAINS, store.shard(0), block_size=64, window_blocks=4, start=0)
+        for offset in range(cut):
+            old.feed(offset, with_resets[offset])
+        published = {m.key: m for m in old.snapshot(old.keys())}
+    assert {m.reset_time for k, m in published.items() if k.domain == "route"} == {2200 if cut > 2200 else 1000}
+    with PosteriorStore(tmp_path / "new") as store:
+        new = ShardLearner(0, "u", DOMAINS, store.shard(0), block_size=64, window_blocks=4, start=cut, persist_from=cut)
+        for key, m in published.items():
+            new.load_published(key, m.state.policy, m.state.dimension, m.state.feature_hash, m.state.state, m.reset_time)
+        for offset in range(new.warm_offset(), len(with_resets)):
+            new.feed(offset, with_resets[offset])
+        rebuilt = {m.key: m.state.update_count for m in new.snapshot(new.keys())}
+    assert {k: rebuilt[k] for k in reference} == {k: count for k, (count, _) in reference.items()}
+
+
 def test_the_marker_is_not_a_decision_for_any_reader():
     record = reset_marker("default", "main", "route", now_ms=1_700_000_000_000)
     serde = AvroSerde("update", framing="single_object")
@@ -161,22 +241,30 @@ def test_reset_markers_on_every_partition_reset_the_domain_in_the_learner_and_it
 
         landed = send_reset(kafka, topics.updates, serde, "default", "main", "route")
         assert sorted(landed) == list(range(topics.update_partitions))
-        second = h.make_updates(600, seed=12, prefix="b", modes=False)
-        produced_second = h.produce(kafka, topics.updates, h.encode_updates(second))
+        after = int(time.time() * 1000) + 1
+        second = [{**u, "decision_time": after + i} for i, u in enumerate(h.make_updates(600, seed=12, prefix="b", modes=False))]
+        # route decisions made before the reset whose updates reach the log after it (decided
+        # in 2023, like the first ones): the reset discarded them, so they are not learned
+        late = [u for u in h.make_updates(300, seed=13, prefix="late", modes=False) if u["domain"] == "route"]
+        produced_second = h.produce(kafka, topics.updates, h.encode_updates(late + second))
         ends = produced_second.ends()
         h.wait_published(kafka, "reset-t1", topics, {p: max(ends.get(p, 0), o + 1) for p, o in landed.items()}, timeout=90)
         resets = h.metric(learner.metrics.port, "banditstream_learner_resets_total", domain="route")
+        skipped = h.metric(learner.metrics.port, "banditstream_updates_not_learned_total", mode="before_reset")
 
-    assert resets == topics.update_partitions
+    assert resets == topics.update_partitions and skipped == len(late) > 0
     published = h.latest_posterior(kafka, topics)
     # route learned only what came after its markers; the other domains everything
     kept = [u for u in first if u["domain"] != "route"] + second
-    placed = [w for u, w in zip(first, produced_first.placed) if u["domain"] != "route"] + produced_second.placed
+    placed = [w for u, w in zip(first, produced_first.placed) if u["domain"] != "route"] + produced_second.placed[len(late):]
     expected = h.reference(kept, placed)
     assert {k: r["update_count"] for k, r in published.items() if k in expected} == {
         k: p.update_count(k.arm) for k, p in expected.items()
     }
     h.assert_matches_reference({k: r for k, r in published.items() if k in expected}, expected)
+    # each route model carries the reset's time, for a rebuild that will not read the marker again
+    assert len({r["reset_time"] for k, r in published.items() if k.domain == "route"}) == 1
+    assert all(0 < r["reset_time"] < after for k, r in published.items() if k.domain == "route")
     for key in set(published) - set(expected):  # a route arm no update reached since the reset
         assert key.domain == "route" and published[key]["update_count"] == 0
 
@@ -187,7 +275,7 @@ def test_reset_markers_on_every_partition_reset_the_domain_in_the_learner_and_it
 
     # Evaluation reads decisions: the markers are counted and left out.
     updates, report = read_updates(kafka, topics.updates, serde)
-    assert len(updates) == len(first) + len(second) and report.resets == topics.update_partitions
+    assert len(updates) == len(first) + len(late) + len(second) and report.resets == topics.update_partitions
     assert not any(is_reset(u) for u in updates)
 
 

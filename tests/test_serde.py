@@ -123,6 +123,7 @@ SAMPLES = {
         "drift_trace": 0.5,
         "drift_norm": 12.0,
         "emitted_at": 1_700_000_001_000,
+        "reset_time": 1_700_000_000_500,
     },
     "deadletter": {
         "source_topic": "bandit.decisions",

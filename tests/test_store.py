@@ -126,6 +126,21 @@ def test_offsets_are_written_with_state_and_a_rejected_batch_writes_nothing(tmp_
         assert shard.offsets()[(UPDATES, 1)] == 15
 
 
+def test_reset_times_are_written_with_the_block_and_read_back_per_domain(tmp_path):
+    a = ArmKey("default", "main", "route", "a")
+    with PosteriorStore(tmp_path) as store:
+        shard = store.shard(0)
+        shard.apply({a: state(3, 1.0)}, {(UPDATES, 0): 64}, {("default", "main", "route"): 1_700_000_000_000})
+        with pytest.raises(ValueError, match="reset time of default/main/router"):
+            shard.apply({}, {(UPDATES, 0): 128}, {("default", "main", "router"): -1})
+        shard.apply({}, {(UPDATES, 0): 128}, {("t2", "main", "route"): 5, ("default", "main", "route"): 1_800_000_000_000})
+    with PosteriorStore(tmp_path) as store:
+        shard = store.shard(0)
+        # "router" was refused with its batch; "route" keeps its newest time; another tenant is apart
+        assert shard.resets() == {("default", "main", "route"): 1_800_000_000_000, ("t2", "main", "route"): 5}
+        assert shard.offsets() == {(UPDATES, 0): 128} and [k for k, _ in shard.arms()] == [a]
+
+
 @pytest.mark.parametrize(
     ("key", "message"),
     [
