@@ -195,6 +195,56 @@ def test_members_that_learn_alike_are_carried_once_and_load_alike():
     assert [m.arm_state_bytes("a") for m in whole.members] == [m.arm_state_bytes("a") for m in portfolio.members]
 
 
+MIXED = [GOOD, {"policy": "lin_igw", "eps0": 0.0, "label": "igw"}, {"policy": "lin_ucb", "alpha": 2.0, "eps0": 0.0, "label": "wide"}]
+
+
+def test_with_mix_the_distribution_is_the_acting_members_mixed_with_the_others_mean():
+    portfolio = make_policy("portfolio", dim=3, seed=4, members=MIXED, mix=0.2)
+    play(portfolio, 600)
+    x = np.tile(np.array([1.0, 0.4, -1.2]), (3, 1))
+    # by hand: (1 - 0.2) the acting member's, 0.1 each of the other two (all three decide
+    # deterministically, so their distributions do not depend on the draws)
+    alone = [member.probabilities(x, ARMS, 0).probabilities for member in portfolio.members]
+    acting = portfolio.acting
+    expected = 0.8 * alone[acting] + sum(0.1 * p for m, p in enumerate(alone) if m != acting)
+    choice = portfolio.probabilities(x, ARMS, 7)
+    np.testing.assert_allclose(choice.probabilities, expected, rtol=0, atol=1e-15)
+    assert choice.probability == choice.probabilities[choice.chosen] and math.isclose(choice.probabilities.sum(), 1.0)
+    assert not np.allclose(choice.probabilities, alone[acting])
+    # the same seed, the same draw; the scoring view (the SDK's) and the bytes decide alike
+    same = portfolio.probabilities(x, ARMS, 7)
+    assert (same.chosen, same.probability) == (choice.chosen, choice.probability)
+    for other in (portfolio.scoring_view(), Policy.from_bytes(portfolio.to_bytes())):
+        assert other.mix == 0.2
+        again = other.probabilities(x, ARMS, 7)
+        assert (again.chosen, again.probability) == (choice.chosen, choice.probability)
+
+
+def test_with_mix_each_arm_is_drawn_as_often_as_its_reported_probability():
+    portfolio = make_policy("portfolio", dim=3, seed=4, members=MIXED, mix=0.3)
+    play(portfolio, 400)
+    x = np.tile(np.array([1.0, -0.3, 0.8]), (3, 1))
+    rng = np.random.default_rng(11)
+    n = 40_000
+    counts = np.zeros(3)
+    for _ in range(n):
+        choice = portfolio.probabilities(x, ARMS, rng)
+        counts[choice.chosen] += 1
+    p = choice.probabilities
+    assert np.all(np.abs(counts / n - p) <= 4.5 * np.sqrt(p * (1 - p) / n) + 1e-12), (counts / n, p)
+
+
+def test_mix_keeps_a_member_the_acting_one_disagrees_with_evaluable():
+    """Without mixing, a member whose choices the acting one almost never makes is rated on a
+    handful of rows; with mix its weights are bounded by (M - 1) / mix."""
+    ess = {}
+    for mix in (0.0, 0.2):
+        portfolio = make_policy("portfolio", dim=3, seed=4, members=MIXED, mix=mix, min_rows=10**9)
+        play(portfolio, 2000)
+        ess[mix] = {e["member"]: e["ess"] for e in portfolio.estimates()}
+    assert ess[0.2]["igw"] > 3 * ess[0.0]["igw"] and ess[0.2]["wide"] > 3 * ess[0.0]["wide"], ess
+
+
 @pytest.mark.parametrize(
     "params, message",
     [
@@ -206,6 +256,8 @@ def test_members_that_learn_alike_are_carried_once_and_load_alike():
         ({"members": [GOOD, dict(GOOD)]}, "labels must be distinct"),
         ({"members": [GOOD, {"policy": "lin_ucb", "alpha": -1}]}, r"members\[1\] \(lin_ucb\(alpha=-1\)\): alpha"),
         ({"members": [GOOD, POOR], "level": 1.5}, "level must be in"),
+        ({"members": [GOOD, POOR], "mix": 1.0}, r"mix must be a number in \[0, 1\)"),
+        ({"members": [GOOD, POOR], "mix": "0.1"}, "mix must be a number"),
         ({"members": [GOOD, POOR], "alpha": 0.3}, "unexpected parameter"),
     ],
 )

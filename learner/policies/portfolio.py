@@ -48,6 +48,13 @@ the members shortens (they learn the new world; the log rates them on it).
 
 **Deciding.** :meth:`Portfolio.probabilities` is the acting member's, floor included: the
 logged propensity is the probability the acting member drew the action with, exact as its own.
+With ``mix`` > 0 it is a mixture: ``(1 - mix)`` the acting member's distribution and ``mix`` the
+mean of the other members' (each floor included), and the action is drawn from the mixture,
+whose probability is what is logged: exact as the members' are. A member the acting one never
+agrees with stays evaluable (its importance weights are at most ``(M - 1) / mix``), so the log
+can still show it has become better; without it, an acting member that decides almost
+deterministically leaves the others an effective sample size of a few rows (the suite's
+many-arms case, README "Which policy"). Deciding then costs one distribution per member.
 
     >>> import numpy as np
     >>> from learner.policies import make_policy
@@ -73,7 +80,7 @@ from typing import Any
 
 import numpy as np
 
-from learner.policies.base import Choice, Drift, Policy, Prior, _decode, _encode, canonical_arm, valid_dim
+from learner.policies.base import Choice, Drift, Policy, Prior, _decode, _encode, canonical_arm, draw_index, valid_dim
 from learner.policies.errors import ScoringOnlyError, StateFormatError
 
 __all__ = ["DEFAULT_MEMBERS", "MAX_SWITCHES", "Portfolio", "describe_state"]
@@ -125,7 +132,8 @@ class Portfolio(Policy):
 
     Parameters: ``members`` (a list of ``{policy: name, label?: str, <its parameters>}``, at
     least two, per-arm policies only, labels distinct; default :data:`DEFAULT_MEMBERS`); ``level`` (confidence of a switch, in
-    (0.5, 1), default 0.95); ``min_rows`` (logged rows before any switch, default 200); ``dim``
+    (0.5, 1), default 0.95); ``min_rows`` (logged rows before any switch, default 200); ``mix``
+    (the share of decisions from the other members' distributions, in [0, 1), default 0); ``dim``
     and ``seed`` (member i is seeded ``seed + i``); ``eps0``, ``gamma``, ``prior_mean``,
     ``prior_strength``, ``arm_priors`` given here apply to every member that does not set its own.
     """
@@ -140,6 +148,7 @@ class Portfolio(Policy):
         members: Sequence[Mapping[str, Any]] = DEFAULT_MEMBERS,
         level: float = 0.95,
         min_rows: int = 200,
+        mix: float = 0.0,
         seed: int | None = None,
         **common: Any,
     ) -> None:
@@ -156,6 +165,9 @@ class Portfolio(Policy):
             raise ValueError(f"level must be in (0.5, 1), got {level!r}")
         if isinstance(min_rows, bool) or not isinstance(min_rows, (int, np.integer)) or min_rows < 1:
             raise ValueError(f"min_rows must be a positive int, got {min_rows!r}")
+        if isinstance(mix, bool) or not isinstance(mix, (int, float)) or not 0.0 <= float(mix) < 1.0:
+            raise ValueError(f"mix must be a number in [0, 1), got {mix!r}")
+        self.mix = float(mix)
         self.specs = [_member_spec(i, spec) for i, spec in enumerate(members)]
         self.labels = [_label(spec) for spec in self.specs]
         if len(set(self.labels)) != len(self.labels):
@@ -198,11 +210,13 @@ class Portfolio(Policy):
 
     @classmethod
     def _unit_test_params(cls) -> dict[str, Any]:
-        return {"dim": 4, "eps0": 0.1, "seed": 0, "members": [{"policy": "lin_ucb", "alpha": 0.3}, {"policy": "lin_igw"}]}
+        return {"dim": 4, "eps0": 0.1, "seed": 0, "mix": 0.1, "members": [{"policy": "lin_ucb", "alpha": 0.3}, {"policy": "lin_igw"}]}
 
     def get_params(self) -> dict[str, Any]:
         params: dict[str, Any] = {"dim": self.dim, "members": [dict(spec) for spec in self.specs], "level": self.level,
                                   "min_rows": self.min_rows, "seed": self.seed}  # fmt: skip
+        if self.mix:  # a state without it reads as it was written (mix 0)
+            params["mix"] = self.mix
         for key, value in self.common.items():
             params[key] = {arm: list(p) for arm, p in value.items()} if key == "arm_priors" else value
         return params
@@ -266,9 +280,22 @@ class Portfolio(Policy):
     # --- deciding --------------------------------------------------------------------------------
 
     def probabilities(self, X: np.ndarray, arms: Sequence[Any], rng: np.random.Generator | int | None = None) -> Choice:
-        """The acting member's distribution and draw; a new candidate arm enters every member."""
+        """The acting member's distribution and draw (with ``mix``, the mixture's); a new
+        candidate arm enters every member."""
         acting = self.acting_member
         known = len(acting.arm_ids())
+        if self.mix:
+            if rng is None:
+                gen = acting._rng
+            else:
+                gen = rng if isinstance(rng, np.random.Generator) else np.random.default_rng(rng)
+            p = acting.probabilities(X, arms, gen).probabilities * (1.0 - self.mix)
+            share = self.mix / (len(self.members) - 1)
+            for member in self.members:
+                if member is not acting:
+                    p += share * member.probabilities(X, arms, gen).probabilities
+            chosen = draw_index(p, gen.random())
+            return Choice(p, chosen, float(p[chosen]))
         choice = acting.probabilities(X, arms, rng)
         if len(acting.arm_ids()) != known:
             for arm in acting.arm_ids()[known:]:
@@ -295,18 +322,29 @@ class Portfolio(Policy):
         return self.acting_member.drift(arm)
 
     def scoring_arrays(self, arm: Any) -> dict[str, np.ndarray]:
-        return self.acting_member.scoring_arrays(arm)
+        """The acting member's arrays, and every member's prefixed ``m<i>.`` (with its ``count``;
+        members that learn alike once), which :meth:`from_scoring` reads back."""
+        out = dict(self.acting_member.scoring_arrays(arm))
+        for m, member in self._learners():
+            out.update((f"m{m}.{name}", value) for name, value in member.scoring_arrays(arm).items())
+            out[f"m{m}.count"] = np.asarray(member.update_count(arm))
+        return out
 
     @classmethod
     def from_scoring(cls, params: Mapping[str, Any], arms: Mapping[str, Mapping[str, np.ndarray]]) -> Policy:
-        """A scoring-only portfolio whose acting (first) member has ``arms``' scoring arrays;
-        the other members start at their priors."""
+        """A scoring-only portfolio from :meth:`scoring_arrays`: every member's, first acting.
+        Arrays without the members' (a single policy's) go to the first member, the others
+        start at their priors."""
         portfolio = cls(**params)
-        portfolio.members[0] = type(portfolio.members[0]).from_scoring(portfolio.members[0].get_params(), arms)
-        for i, member in enumerate(portfolio.members[1:], 1):
-            portfolio.members[i] = member.scoring_view()
-            for arm in arms:
-                portfolio.members[i]._slot_of(arm)
+        every = bool(arms) and all("m0.count" in arrays for arrays in arms.values())
+        for i, member in enumerate(portfolio.members):
+            if every or i == 0:
+                source = {arm: _of_member(arrays, portfolio._leader[i]) if every else arrays for arm, arrays in arms.items()}
+                portfolio.members[i] = type(member).from_scoring(member.get_params(), source)
+            else:
+                portfolio.members[i] = member.scoring_view()
+                for arm in arms:
+                    portfolio.members[i]._slot_of(arm)
         portfolio._scoring_only = True
         return portfolio
 
