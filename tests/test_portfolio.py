@@ -245,6 +245,27 @@ def test_mix_keeps_a_member_the_acting_one_disagrees_with_evaluable():
     assert ess[0.2]["igw"] > 3 * ess[0.0]["igw"] and ess[0.2]["wide"] > 3 * ess[0.0]["wide"], ess
 
 
+def test_by_evidence_a_member_the_log_rates_clearly_worse_takes_almost_no_share():
+    members = [GOOD, POOR, {**GOOD, "label": "twin"}]  # the twin decides as the acting member does
+    portfolio = make_policy("portfolio", dim=3, seed=4, members=members, mix=0.2, mix_rule="evidence")
+    assert portfolio.mix_shares().tolist() == [0.0, 0.1, 0.1]  # before min_rows: every other member its full share
+    play(portfolio, 3000)
+    assert portfolio.acting == 0
+    shares = portfolio.mix_shares()
+    # the poor member, worse by many standard errors, takes almost nothing (min(1, 2 P(gain > 0)));
+    # the twin, which the log cannot tell from the acting member, keeps its 0.1
+    gain, se = portfolio._gains()
+    assert gain[1] / se[1] < -4 and shares[1] < 1e-4
+    assert shares[1] == pytest.approx(0.2 * NormalDist().cdf(gain[1] / se[1]), rel=1e-12)
+    assert gain[2] == 0.0 and shares[2] == 0.1
+    x = np.tile(np.array([1.0, 0.4, -1.2]), (3, 1))
+    alone = [member.probabilities(x, ARMS, 0).probabilities for member in portfolio.members]
+    expected = (1 - shares.sum()) * alone[0] + shares[1] * alone[1] + shares[2] * alone[2]
+    np.testing.assert_allclose(portfolio.probabilities(x, ARMS, 3).probabilities, expected, rtol=0, atol=1e-15)
+    for other in (portfolio.scoring_view(), Policy.from_bytes(portfolio.to_bytes())):
+        assert other.mix_rule == "evidence" and other.mix_shares().tolist() == shares.tolist()
+
+
 @pytest.mark.parametrize(
     "params, message",
     [
@@ -258,6 +279,7 @@ def test_mix_keeps_a_member_the_acting_one_disagrees_with_evaluable():
         ({"members": [GOOD, POOR], "level": 1.5}, "level must be in"),
         ({"members": [GOOD, POOR], "mix": 1.0}, r"mix must be a number in \[0, 1\)"),
         ({"members": [GOOD, POOR], "mix": "0.1"}, "mix must be a number"),
+        ({"members": [GOOD, POOR], "mix": 0.1, "mix_rule": "bayes"}, "mix_rule must be 'fixed' or 'evidence'"),
         ({"members": [GOOD, POOR], "alpha": 0.3}, "unexpected parameter"),
     ],
 )

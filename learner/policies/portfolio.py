@@ -149,6 +149,7 @@ class Portfolio(Policy):
         level: float = 0.95,
         min_rows: int = 200,
         mix: float = 0.0,
+        mix_rule: str = "fixed",
         seed: int | None = None,
         **common: Any,
     ) -> None:
@@ -168,6 +169,10 @@ class Portfolio(Policy):
         if isinstance(mix, bool) or not isinstance(mix, (int, float)) or not 0.0 <= float(mix) < 1.0:
             raise ValueError(f"mix must be a number in [0, 1), got {mix!r}")
         self.mix = float(mix)
+        if mix_rule not in ("fixed", "evidence"):
+            raise ValueError(f"mix_rule must be 'fixed' or 'evidence', got {mix_rule!r}")
+        self.mix_rule = mix_rule
+        self._shares: tuple[tuple, np.ndarray] | None = None
         self.specs = [_member_spec(i, spec) for i, spec in enumerate(members)]
         self.labels = [_label(spec) for spec in self.specs]
         if len(set(self.labels)) != len(self.labels):
@@ -217,6 +222,8 @@ class Portfolio(Policy):
                                   "min_rows": self.min_rows, "seed": self.seed}  # fmt: skip
         if self.mix:  # a state without it reads as it was written (mix 0)
             params["mix"] = self.mix
+        if self.mix_rule != "fixed":
+            params["mix_rule"] = self.mix_rule
         for key, value in self.common.items():
             params[key] = {arm: list(p) for arm, p in value.items()} if key == "arm_priors" else value
         return params
@@ -289,20 +296,43 @@ class Portfolio(Policy):
                 gen = acting._rng
             else:
                 gen = rng if isinstance(rng, np.random.Generator) else np.random.default_rng(rng)
-            p = acting.probabilities(X, arms, gen).probabilities * (1.0 - self.mix)
-            share = self.mix / (len(self.members) - 1)
-            for member in self.members:
-                if member is not acting:
-                    p += share * member.probabilities(X, arms, gen).probabilities
+            shares = self.mix_shares()
+            p = acting.probabilities(X, arms, gen).probabilities * (1.0 - math.fsum(shares.tolist()))
+            for m, member in enumerate(self.members):
+                if shares[m] > 0.0:
+                    p += shares[m] * member.probabilities(X, arms, gen).probabilities
             chosen = draw_index(p, gen.random())
-            return Choice(p, chosen, float(p[chosen]))
-        choice = acting.probabilities(X, arms, rng)
+            choice = Choice(p, chosen, float(p[chosen]))
+        else:
+            choice = acting.probabilities(X, arms, rng)
         if len(acting.arm_ids()) != known:
             for arm in acting.arm_ids()[known:]:
                 for member in self.members:
                     if member is not acting:
                         member._slot_of(arm)
         return choice
+
+    def mix_shares(self) -> np.ndarray:
+        """Each member's share of the decisions besides the acting one's (0 for the acting
+        member): ``mix / (M - 1)`` each; with ``mix_rule = "evidence"``, once ``min_rows`` rows are
+        in, scaled by ``min(1, 2 P(gain > 0))`` of its estimated gain over the acting member
+        (normal approximation), so a member the log rates clearly worse takes almost none, and
+        one it cannot tell apart, or whose estimate is too uncertain to, its full share."""
+        m = len(self.members)
+        n = int(self._sel["select_n"])
+        key = (self.acting, n, float(self._sel["select_d"].sum()))
+        if self._shares is not None and self._shares[0] == key:
+            return self._shares[1]
+        shares = np.full(m, self.mix / (m - 1))
+        shares[self.acting] = 0.0
+        if self.mix_rule == "evidence" and n >= self.min_rows:
+            gain, se = self._gains()
+            for i in range(m):
+                if i != self.acting:
+                    z = gain[i] / se[i] if se[i] > 0.0 else (math.inf if gain[i] >= 0.0 else -math.inf)
+                    shares[i] *= min(1.0, 2.0 * NormalDist().cdf(z))
+        self._shares = (key, shares)
+        return shares
 
     def alarms(self, arm: Any) -> int:
         return self.acting_member.alarms(arm)
