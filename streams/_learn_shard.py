@@ -322,6 +322,7 @@ class ShardLearner:
         floor = self.floor
         reset_times = fold.reset_times
         since = self._reset_times
+        timed = bool(since)  # rows are checked against reset times once there are any
         for update in updates:
             event_id = update.event_id
             counted = update.offset >= floor
@@ -335,6 +336,7 @@ class ShardLearner:
                     twd = update.key[:3]
                     fold.resets.setdefault(twd, []).append((len(fold.groups.get(twd, ())), update.offset))
                     reset_times[twd] = max(update.time, reset_times.get(twd, since.get(twd, 0)))
+                    timed = True
                 continue
             if update.mode != "live":
                 if counted:
@@ -343,7 +345,7 @@ class ShardLearner:
             if update.offset < floors.get(update.key, floor):
                 continue  # already in the state this shard started from
             twd = update.key[:3]
-            if update.time < reset_times.get(twd, since.get(twd, 0)):
+            if timed and update.time < reset_times.get(twd, since.get(twd, 0)):
                 fold.not_acted[BEFORE_RESET] = fold.not_acted.get(BEFORE_RESET, 0) + 1
                 continue  # decided before the domain's reset: what the reset discarded
             fold.groups.setdefault(twd, []).append(update)
