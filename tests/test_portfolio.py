@@ -134,6 +134,18 @@ def test_nothing_switches_before_min_rows():
     assert portfolio.acting == 0 and portfolio.rows_seen == 3000
 
 
+def test_with_many_arms_nothing_switches_before_min_rows_per_arm_each():
+    """The default 20 a row with 3 arms is below min_rows; 1,000 a row waits for 3,000 rows."""
+    assert make_policy("portfolio", dim=3, members=[POOR, GOOD]).rows_before_switching() == 200
+    portfolio = make_policy("portfolio", dim=3, seed=2, members=[POOR, GOOD], min_rows_per_arm=1000)
+    assert portfolio.rows_before_switching() == 200  # no arm yet
+    play(portfolio, 2900)
+    assert portfolio.rows_before_switching() == 3000 and portfolio.acting == 0
+    play(portfolio, 200)
+    assert portfolio.acting == 1 and portfolio.switches[0]["rows"] == 3000
+    assert Policy.from_bytes(portfolio.to_bytes()).rows_before_switching() == 3000
+
+
 def test_who_acts_and_the_evidence_travel_in_the_bytes_and_the_scoring_view():
     portfolio = make_policy("portfolio", dim=3, seed=2, members=[POOR, GOOD])
     play(portfolio, 2000)
@@ -279,6 +291,7 @@ def test_by_evidence_a_member_the_log_rates_clearly_worse_takes_almost_no_share(
         ({"members": [GOOD, POOR], "level": 1.5}, "level must be in"),
         ({"members": [GOOD, POOR], "mix": 1.0}, r"mix must be a number in \[0, 1\)"),
         ({"members": [GOOD, POOR], "mix": "0.1"}, "mix must be a number"),
+        ({"members": [GOOD, POOR], "min_rows_per_arm": -1}, "min_rows_per_arm must be an int >= 0"),
         ({"members": [GOOD, POOR], "mix": 0.1, "mix_rule": "bayes"}, "mix_rule must be 'fixed' or 'evidence'"),
         ({"members": [GOOD, POOR], "alpha": 0.3}, "unexpected parameter"),
     ],

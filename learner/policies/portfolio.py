@@ -36,7 +36,9 @@ The mean of ``d_c`` estimates ``V(c) - V(a)``, the difference of the two members
 rewards (inverse propensity scoring, paired: the same rows, the same propensities), and its
 standard error comes from the same sums. :meth:`Portfolio.select` switches to the challenger
 with the highest lower bound at ``level`` (one-sided) when that bound is above zero, once
-``min_rows`` rows are in; otherwise the acting member stays. Every member's self-normalised
+``min_rows`` rows are in (and ``min_rows_per_arm`` per arm: with a hundred arms, a greedier member
+looks better over the first few hundred rows, before a more exploring one's exploration pays
+off); otherwise the acting member stays. Every member's self-normalised
 value ``sum w r / sum w`` and effective sample size ``(sum w)^2 / sum w^2`` are reported
 (:meth:`Portfolio.estimates`) for operators. A switch is recorded in the state (the last
 :data:`MAX_SWITCHES`, with the rows seen, the estimated gain and its bound), which a snapshot
@@ -132,7 +134,8 @@ class Portfolio(Policy):
 
     Parameters: ``members`` (a list of ``{policy: name, label?: str, <its parameters>}``, at
     least two, per-arm policies only, labels distinct; default :data:`DEFAULT_MEMBERS`); ``level`` (confidence of a switch, in
-    (0.5, 1), default 0.95); ``min_rows`` (logged rows before any switch, default 200); ``mix``
+    (0.5, 1), default 0.95); ``min_rows`` (logged rows before any switch, default 200) and
+    ``min_rows_per_arm`` (as many per arm the portfolio holds, default 20); ``mix``
     (the share of decisions from the other members' distributions, in [0, 1), default 0); ``dim``
     and ``seed`` (member i is seeded ``seed + i``); ``eps0``, ``gamma``, ``prior_mean``,
     ``prior_strength``, ``arm_priors`` given here apply to every member that does not set its own.
@@ -148,6 +151,7 @@ class Portfolio(Policy):
         members: Sequence[Mapping[str, Any]] = DEFAULT_MEMBERS,
         level: float = 0.95,
         min_rows: int = 200,
+        min_rows_per_arm: int = 20,
         mix: float = 0.0,
         mix_rule: str = "fixed",
         seed: int | None = None,
@@ -166,6 +170,9 @@ class Portfolio(Policy):
             raise ValueError(f"level must be in (0.5, 1), got {level!r}")
         if isinstance(min_rows, bool) or not isinstance(min_rows, (int, np.integer)) or min_rows < 1:
             raise ValueError(f"min_rows must be a positive int, got {min_rows!r}")
+        if isinstance(min_rows_per_arm, bool) or not isinstance(min_rows_per_arm, (int, np.integer)) or min_rows_per_arm < 0:
+            raise ValueError(f"min_rows_per_arm must be an int >= 0, got {min_rows_per_arm!r}")
+        self.min_rows_per_arm = int(min_rows_per_arm)
         if isinstance(mix, bool) or not isinstance(mix, (int, float)) or not 0.0 <= float(mix) < 1.0:
             raise ValueError(f"mix must be a number in [0, 1), got {mix!r}")
         self.mix = float(mix)
@@ -220,6 +227,8 @@ class Portfolio(Policy):
     def get_params(self) -> dict[str, Any]:
         params: dict[str, Any] = {"dim": self.dim, "members": [dict(spec) for spec in self.specs], "level": self.level,
                                   "min_rows": self.min_rows, "seed": self.seed}  # fmt: skip
+        if self.min_rows_per_arm != 20:
+            params["min_rows_per_arm"] = self.min_rows_per_arm
         if self.mix:  # a state without it reads as it was written (mix 0)
             params["mix"] = self.mix
         if self.mix_rule != "fixed":
@@ -312,10 +321,14 @@ class Portfolio(Policy):
                         member._slot_of(arm)
         return choice
 
+    def rows_before_switching(self) -> int:
+        """Logged rows before a switch may happen: ``min_rows``, and ``min_rows_per_arm`` per arm held."""
+        return max(self.min_rows, self.min_rows_per_arm * len(self.arm_ids()))
+
     def mix_shares(self) -> np.ndarray:
         """Each member's share of the decisions besides the acting one's (0 for the acting
-        member): ``mix / (M - 1)`` each; with ``mix_rule = "evidence"``, once ``min_rows`` rows are
-        in, scaled by ``min(1, 2 P(gain > 0))`` of its estimated gain over the acting member
+        member): ``mix / (M - 1)`` each; with ``mix_rule = "evidence"``, once a switch may happen
+        (:meth:`rows_before_switching`), scaled by ``min(1, 2 P(gain > 0))`` of its estimated gain over the acting member
         (normal approximation), so a member the log rates clearly worse takes almost none, and
         one it cannot tell apart, or whose estimate is too uncertain to, its full share."""
         m = len(self.members)
@@ -325,7 +338,7 @@ class Portfolio(Policy):
             return self._shares[1]
         shares = np.full(m, self.mix / (m - 1))
         shares[self.acting] = 0.0
-        if self.mix_rule == "evidence" and n >= self.min_rows:
+        if self.mix_rule == "evidence" and n >= self.rows_before_switching():
             gain, se = self._gains()
             for i in range(m):
                 if i != self.acting:
@@ -457,7 +470,7 @@ class Portfolio(Policy):
         """Switch to the member whose gain's lower bound is highest and above zero (after
         ``min_rows`` rows); the switch as recorded, or None when the acting member stays."""
         n = int(self._sel["select_n"])
-        if n < self.min_rows:
+        if n < self.rows_before_switching():
             return None
         gain, se = self._gains()
         lower = gain - NormalDist().inv_cdf(self.level) * se
