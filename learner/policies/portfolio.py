@@ -55,8 +55,12 @@ mean of the other members' (each floor included), and the action is drawn from t
 whose probability is what is logged: exact as the members' are. A member the acting one never
 agrees with stays evaluable (its importance weights are at most ``(M - 1) / mix``), so the log
 can still show it has become better; without it, an acting member that decides almost
-deterministically leaves the others an effective sample size of a few rows (the suite's
-many-arms case, README "Which policy"). Deciding then costs one distribution per member.
+deterministically leaves the others an effective sample size of a few rows. With ``mix_rule =
+"evidence"`` each other member's share ``mix / (M - 1)`` is scaled by ``min(1, 2 P(gain > 0))``
+from the estimate (:meth:`Portfolio.mix_shares`: computed from the selection sums a snapshot
+carries, so the SDK mixes alike): a member the log rates clearly worse costs almost nothing.
+Deciding then costs one distribution per member. Neither is on by default: the suite shows no
+share that wins everywhere (README, "Which policy").
 
     >>> import numpy as np
     >>> from learner.policies import make_policy
@@ -136,7 +140,8 @@ class Portfolio(Policy):
     least two, per-arm policies only, labels distinct; default :data:`DEFAULT_MEMBERS`); ``level`` (confidence of a switch, in
     (0.5, 1), default 0.95); ``min_rows`` (logged rows before any switch, default 200) and
     ``min_rows_per_arm`` (as many per arm the portfolio holds, default 20); ``mix``
-    (the share of decisions from the other members' distributions, in [0, 1), default 0); ``dim``
+    (the share of decisions from the other members' distributions, in [0, 1), default 0) and
+    ``mix_rule`` (``fixed``, or ``evidence``: see :meth:`mix_shares`); ``dim``
     and ``seed`` (member i is seeded ``seed + i``); ``eps0``, ``gamma``, ``prior_mean``,
     ``prior_strength``, ``arm_priors`` given here apply to every member that does not set its own.
     """
@@ -327,13 +332,14 @@ class Portfolio(Policy):
 
     def mix_shares(self) -> np.ndarray:
         """Each member's share of the decisions besides the acting one's (0 for the acting
-        member): ``mix / (M - 1)`` each; with ``mix_rule = "evidence"``, once a switch may happen
-        (:meth:`rows_before_switching`), scaled by ``min(1, 2 P(gain > 0))`` of its estimated gain over the acting member
-        (normal approximation), so a member the log rates clearly worse takes almost none, and
-        one it cannot tell apart, or whose estimate is too uncertain to, its full share."""
+        member): ``mix / (M - 1)`` each; with ``mix_rule = "evidence"``, once a switch may
+        happen (:meth:`rows_before_switching`), scaled by ``min(1, 2 P(gain > 0))`` of its
+        estimated gain over the acting member (normal approximation), so a member the log rates
+        clearly worse takes almost none, and one it cannot tell apart, or whose estimate is too
+        uncertain to, its full share."""
         m = len(self.members)
         n = int(self._sel["select_n"])
-        key = (self.acting, n, float(self._sel["select_d"].sum()))
+        key = (self.acting, n, float(self._sel["select_d"].sum()), float(self._sel["select_c"].sum()))
         if self._shares is not None and self._shares[0] == key:
             return self._shares[1]
         shares = np.full(m, self.mix / (m - 1))
@@ -468,7 +474,8 @@ class Portfolio(Policy):
 
     def select(self) -> dict[str, Any] | None:
         """Switch to the member whose gain's lower bound is highest and above zero (after
-        ``min_rows`` rows); the switch as recorded, or None when the acting member stays."""
+        :meth:`rows_before_switching` rows); the switch as recorded, or None when the acting
+        member stays."""
         n = int(self._sel["select_n"])
         if n < self.rows_before_switching():
             return None
