@@ -416,10 +416,10 @@ class ShardLearner:
         """
         scratch: dict[tuple[str, str, str], Policy] = {}
         in_scratch: set[ArmKey] = set()
-        reset_times = dict(self._reset_times)
+        pending_resets: dict[tuple[str, str, str], int] = {}  # reset times the trailing block moves
         if self._pending:
             fold = self._fold(self._pending_block, self._pending)
-            reset_times.update(fold.reset_times)
+            pending_resets = fold.reset_times
             for twd in dict.fromkeys([*fold.groups, *fold.resets]):
                 copy = self.domains[twd[2]].settings.make_policy()
                 base = self._policies.get(twd)
@@ -440,7 +440,8 @@ class ShardLearner:
             except KeyError:  # dirty, but every update of it was a duplicate
                 state = None
             if state is not None:
-                out.append(ModelState(key, state, policy.drift(key.arm), reset_times.get(twd, 0)))
+                reset_time = pending_resets.get(twd, self._reset_times.get(twd, 0))
+                out.append(ModelState(key, state, policy.drift(key.arm), reset_time))
         return out
 
     @property

@@ -702,12 +702,7 @@ class Policy:
             raise ValueError("probabilities needs at least one candidate")
         if len(arms) != K:
             raise ValueError(f"arms has {len(arms)} ids, but X has {K} rows")
-        if rng is None:
-            gen = self._rng
-        elif isinstance(rng, np.random.Generator):
-            gen = rng
-        else:
-            gen = np.random.default_rng(rng)
+        gen = self._generator(rng)
         slots, block = self._candidate_slots(arms)
         compiled = self._compiled_choice(X, slots, gen)
         if compiled is not None:
@@ -718,6 +713,12 @@ class Policy:
             p += self.eps0 / K
         chosen = draw_index(p, gen.random())
         return Choice(p, chosen, float(p[chosen]))
+
+    def _generator(self, rng: np.random.Generator | int | None) -> np.random.Generator:
+        """``rng`` as a Generator: the policy's own for None, a new seeded one for an int."""
+        if rng is None:
+            return self._rng
+        return rng if isinstance(rng, np.random.Generator) else np.random.default_rng(rng)
 
     def _candidate_slots(self, arms: Sequence[Any]) -> tuple[np.ndarray, Block | None]:
         key = arms if isinstance(arms, tuple) else tuple(arms.tolist() if isinstance(arms, np.ndarray) else arms)

@@ -184,7 +184,6 @@ class Portfolio(Policy):
         if mix_rule not in ("fixed", "evidence"):
             raise ValueError(f"mix_rule must be 'fixed' or 'evidence', got {mix_rule!r}")
         self.mix_rule = mix_rule
-        self._shares: tuple[tuple, np.ndarray] | None = None
         self.specs = [_member_spec(i, spec) for i, spec in enumerate(members)]
         self.labels = [_label(spec) for spec in self.specs]
         if len(set(self.labels)) != len(self.labels):
@@ -306,10 +305,7 @@ class Portfolio(Policy):
         acting = self.acting_member
         known = len(acting.arm_ids())
         if self.mix:
-            if rng is None:
-                gen = acting._rng
-            else:
-                gen = rng if isinstance(rng, np.random.Generator) else np.random.default_rng(rng)
+            gen = acting._generator(rng)
             shares = self.mix_shares()
             p = acting.probabilities(X, arms, gen).probabilities * (1.0 - math.fsum(shares.tolist()))
             for m, member in enumerate(self.members):
@@ -338,19 +334,14 @@ class Portfolio(Policy):
         clearly worse takes almost none, and one it cannot tell apart, or whose estimate is too
         uncertain to, its full share."""
         m = len(self.members)
-        n = int(self._sel["select_n"])
-        key = (self.acting, n, float(self._sel["select_d"].sum()), float(self._sel["select_c"].sum()))
-        if self._shares is not None and self._shares[0] == key:
-            return self._shares[1]
         shares = np.full(m, self.mix / (m - 1))
         shares[self.acting] = 0.0
-        if self.mix_rule == "evidence" and n >= self.rows_before_switching():
+        if self.mix_rule == "evidence" and int(self._sel["select_n"]) >= self.rows_before_switching():
             gain, se = self._gains()
             for i in range(m):
                 if i != self.acting:
                     z = gain[i] / se[i] if se[i] > 0.0 else (math.inf if gain[i] >= 0.0 else -math.inf)
                     shares[i] *= min(1.0, 2.0 * NormalDist().cdf(z))
-        self._shares = (key, shares)
         return shares
 
     def alarms(self, arm: Any) -> int:
