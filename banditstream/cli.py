@@ -212,7 +212,8 @@ def learn() -> None:
 
 @app.command()
 def publish() -> None:
-    """Run the publisher worker: posterior shards -> guarded, signed, versioned snapshots."""
+    """Run the publisher worker: posterior shards -> guarded, signed, versioned snapshots.
+    SIGTERM stops it gracefully; SIGUSR2 publishes every domain with new learning now."""
     import threading
 
     from prometheus_client import start_http_server
@@ -224,11 +225,13 @@ def publish() -> None:
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())  # finish the current publish, then leave
+    publish_now = threading.Event()
+    signal.signal(signal.SIGUSR2, lambda *_: publish_now.set())  # before the metrics answer: see Playground
     metrics = PublisherMetrics()
     server, _ = start_http_server(settings.metrics.port, addr=settings.metrics.host, registry=metrics.registry)
     console.print(f"publisher metrics on http://{settings.metrics.host}:{server.server_port}/metrics", highlight=False)
     _one_blas_thread()
-    run_publisher(settings.worker_config(), _publisher_settings(settings), stop=stop, metrics=metrics)
+    run_publisher(settings.worker_config(), _publisher_settings(settings), stop=stop, metrics=metrics, publish_now=publish_now)
 
 
 @app.command()

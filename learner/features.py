@@ -234,6 +234,11 @@ class Normalizer:
     def names(self) -> list[str]:
         return sorted(self._stats)
 
+    def observations(self) -> int:
+        """The count of the most observed feature: the decisions folded in, when one numeric
+        feature comes with every decision (the normaliser records' ``update_count``)."""
+        return int(max((stat[0] for stat in self._stats.values()), default=0))
+
     def export(self) -> dict[str, Any]:
         """Plain data: ``{"format": 1, "features": {name: [count, mean, m2]}}``."""
         return {"format": 1, "features": {name: list(stat) for name, stat in sorted(self._stats.items())}}

@@ -99,6 +99,11 @@ class PublisherMetrics:
             "Updates in the learned state the publisher holds, published or not (a gated domain's waits for its verdict).",
             ["domain"], registry=r,
         )  # fmt: skip
+        self.normalizer_observations = Gauge(
+            "banditstream_publisher_normalizer_observations",
+            "Decisions in a normalising domain's feature statistics as a snapshot would ship them (the join's newest).",
+            ["domain"], registry=r,
+        )  # fmt: skip
         self.alarms = Gauge(
             "banditstream_snapshot_change_alarms",
             "Times the learner's change detector sent an arm back to its prior, over the arms of the last published snapshot.",

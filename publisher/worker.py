@@ -9,7 +9,9 @@ The only module of the publisher that reads Kafka (through :mod:`streams`). It r
    normaliser statistics of each join partition per domain (``policy`` ``normalizer``, any
    tenant: a domain's join normalises every tenant's features alike).
 2. **Decide.** A domain is due when ``every_updates`` updates arrived since its last publish
-   attempt, or ``every_seconds`` passed since then with at least one new update.
+   attempt, or ``every_seconds`` passed since then with at least one new update, or when asked
+   (``publish_now``, set by ``SIGUSR2`` in ``banditstream publish``): then every domain with a
+   new update is due at once, whatever the timers say.
 3. **Publish.** Rebuild the domain's policy from its shards (each arm's state blob, the
    learner's drift statistics, the watermarks as source offsets) and hand it to
    :meth:`~publisher.publish.Publisher.publish`, with the join partitions' normaliser
@@ -155,6 +157,10 @@ class PosteriorTable:
         ]
         return Normalizer.merged(parts) if parts else None
 
+    def normalizer_observations(self, domain: str, feature_hash: str) -> int:
+        """The decisions in the normaliser records :meth:`normalizer` merges, summed."""
+        return sum(int(r["update_count"]) for r in self._normalizers[domain].values() if r["feature_hash"] in ("", feature_hash))
+
     def shards(self, domain: str) -> list[dict[str, Any]]:
         return [self._shards[domain][k] for k in sorted(self._shards[domain])]
 
@@ -280,6 +286,7 @@ class _PublisherWorker:
         #: or every_seconds after the start: a snapshot built half-way would lack arms.
         self._caught_up = False
         self._published: set[str] = set()
+        self._publish_now = threading.Event()  # run()'s, when given: set by SIGUSR2 in the CLI
         #: domain -> its gate's settings, for the domains with a canary share
         self.gated = {
             name: GateConfig.from_settings(d.promotion)
@@ -300,8 +307,10 @@ class _PublisherWorker:
                 metrics=PortfolioMetrics(metrics.registry) if metrics is not None else None,
             )  # fmt: skip
 
-    def run(self, stop: threading.Event, idle_timeout: float | None) -> PublisherStats:
+    def run(self, stop: threading.Event, idle_timeout: float | None, publish_now: threading.Event | None = None) -> PublisherStats:
         s = self.settings
+        if publish_now is not None:
+            self._publish_now = publish_now
         group = s.group_id or f"banditstream-publisher-{self.config.tenant}-{self.config.workspace}-{uuid.uuid4().hex[:8]}"
         serde = self.config.serde("posterior", topic=self.config.topics.posterior)
         last_record = time.monotonic()
@@ -346,13 +355,20 @@ class _PublisherWorker:
                 touched.add(record["domain"])
         for domain in touched & self.table.domains:
             self.publisher.metrics.learned.labels(domain).set(self.table.learned(domain))
+            if self.config.domains[domain].features.normalize:
+                observations = self.table.normalizer_observations(domain, self.config.domains[domain].features.config_hash())
+                self.publisher.metrics.normalizer_observations.labels(domain).set(observations)
 
     def _due(self) -> list[str]:
         now = time.monotonic()
+        asked = self._publish_now.is_set()
+        if asked:
+            self._publish_now.clear()
+            log.info("asked to publish now")
         due = []
         for domain in self.config.domains:
             new = self.table.new_updates(domain)
-            if new >= self.settings.every_updates or (new > 0 and now - self._last_attempt[domain] >= self.settings.every_seconds):
+            if new >= self.settings.every_updates or (new > 0 and (asked or now - self._last_attempt[domain] >= self.settings.every_seconds)):
                 due.append(domain)
         return due
 
@@ -456,8 +472,10 @@ def run_publisher(
     stop: threading.Event | None = None,
     metrics: PublisherMetrics | None = None,
     idle_timeout: float | None = None,
+    publish_now: threading.Event | None = None,
 ) -> PublisherStats:
-    """Run the publisher until ``stop`` is set (or ``idle_timeout`` seconds pass without records)."""
+    """Run the publisher until ``stop`` is set (or ``idle_timeout`` seconds pass without records).
+    Setting ``publish_now`` makes every domain with a new update due at once (then it is cleared)."""
     if not config.domains:
         raise PublisherError("the publisher needs at least one configured domain")
     check_topics(config.kafka, config.topics)  # a broker away or refusing the credentials: said now
@@ -467,4 +485,4 @@ def run_publisher(
         config.tenant, config.workspace, ", ".join(sorted(config.domains)), settings.every_updates,
         settings.every_seconds, settings.store.location,
     )  # fmt: skip
-    return worker.run(stop or threading.Event(), idle_timeout)
+    return worker.run(stop or threading.Event(), idle_timeout, publish_now)

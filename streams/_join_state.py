@@ -189,6 +189,9 @@ class JoinOptions:
     #: keys per partition at most (bounded work per tick), continuing where the last stopped.
     purge_interval_s: float = 10.0
     purge_scan: int = 20_000
+    #: How often each partition's changed normaliser statistics go to the posterior topic,
+    #: seconds: a snapshot ships the newest the publisher has read.
+    normalizer_every_s: float = 2.0
     #: How far event clocks may disagree, seconds: an event stamped further ahead of the wall
     #: clock moves the join's clocks only this far (a producer with a wrong clock must not
     #: close a partition's windows), and a reward stamped more than this before its decision

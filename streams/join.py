@@ -344,6 +344,7 @@ class JoinWorker:
         self._stopping = False  # the app is stopping: no batch or sweep may start
         self._stop: threading.Event | None = None
         self._next_purge = 0.0
+        self._next_normalizers = 0.0
         self._next_lag_report = 0.0
         self._last_batch_at = 0.0  # monotonic time the last batch was joined
         self._next_duplicate_log = 0.0
@@ -708,8 +709,10 @@ class JoinWorker:
                 retention_ms = self.options.done_retention_s * 1000.0
                 for part in self.parts.values():
                     part.purge_done(now, retention_ms, self.options.purge_scan)
-                self._publish_normalizers()
                 gc.collect()
+            if time.monotonic() >= self._next_normalizers:
+                self._next_normalizers = time.monotonic() + self.options.normalizer_every_s
+                self._publish_normalizers()
             if time.monotonic() >= self._next_lag_report:  # for Kafka's tools and /metrics only
                 self._next_lag_report = time.monotonic() + 1.0
                 await self._commit_state_offsets()
@@ -719,7 +722,7 @@ class JoinWorker:
         """Each partition's changed normaliser statistics, to the posterior topic (see
         :data:`~streams.worker.NORMALIZER_POLICY`) for the publisher to ship in snapshots.
 
-        Every ``purge_interval_s``, when they changed (and once after each assignment); sent
+        Every ``normalizer_every_s``, when they changed (and once after each assignment); sent
         within the producer's linger, a failed delivery fails the next flush like any output."""
         encode, topic = self.posterior_serde.encode, self.topics.posterior
         for part in self.parts.values():
@@ -732,7 +735,7 @@ class JoinWorker:
                     "tenant": self.config.tenant, "workspace": self.config.workspace, "domain": name,
                     "arm": f"p{part.partition}", "policy": NORMALIZER_POLICY, "dimension": domain.features.dimension,
                     "state": json.dumps(export, sort_keys=True).encode(), "state_major": 1,
-                    "update_count": int(max((stat[0] for stat in export["features"].values()), default=0)),
+                    "update_count": normalizer.observations(),
                     "watermark": [], "feature_hash": domain.feature_hash, "drift_trace": 0.0, "drift_norm": 0.0,
                     "emitted_at": int(time.time() * 1000), "reset_time": 0,
                 }  # fmt: skip
@@ -901,6 +904,13 @@ class JoinWorker:
 
     def _count(self, out: Outputs) -> None:
         metrics = self.metrics
+        # the normalisers first: a scrape that counts a decision joined counts it observed
+        held: dict[str, int] = {}
+        for part in self.parts.values():
+            for name, normalizer in part.normalizers.items():
+                held[name] = held.get(name, 0) + normalizer.observations()
+        for name, observations in held.items():
+            metrics.normalizer_observations.labels(name).set(observations)
         statuses: dict[str, int] = {}
         for _, record in out.updates:
             status = record["join_status"]

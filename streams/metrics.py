@@ -39,6 +39,12 @@ class WorkerMetrics:
         )  # fmt: skip
         self.shards_emitted = Counter("banditstream_posterior_shards_emitted", "PosteriorShard records produced.", registry=r)
         self.consumer_lag = Gauge("banditstream_consumer_lag", "Records behind the end, per partition.", ["topic", "partition"], registry=r)
+        self.normalizer_observations = Gauge(
+            "banditstream_join_normalizer_observations",
+            "Decisions in a normalising domain's feature statistics as the join holds them, over its partitions "
+            "(compare banditstream_publisher_normalizer_observations: what a snapshot would ship).",
+            ["domain"], registry=r,
+        )  # fmt: skip
         self.port: int | None = None
         self._server = None
 

@@ -357,6 +357,15 @@ def test_docstring_examples_run():
     assert result.failed == 0
 
 
+def test_a_normalisers_observations_are_its_most_observed_features_count():
+    normalizer = Normalizer()
+    assert normalizer.observations() == 0
+    for x in range(5):
+        normalizer.observe("c:words", float(x))
+    normalizer.observe("c:rare", 1.0)
+    assert normalizer.observations() == 5 == normalizer.count("c:words")
+
+
 def test_merged_normalizers_hold_the_statistics_of_all_their_values_whatever_the_split():
     rng = np.random.default_rng(11)
     values = {"c:tokens": rng.normal(300.0, 80.0, 500), "c:latency": rng.exponential(2.0, 500)}

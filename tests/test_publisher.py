@@ -28,7 +28,7 @@ from publisher.errors import (
     TooFewSamples,
 )
 from publisher.guards import GuardConfig
-from publisher.publish import Publisher, PublisherConfig
+from publisher.publish import Publisher, PublisherConfig, PublisherMetrics
 from publisher.pull import SnapshotClient
 from publisher.repository import RepositoryConfig, target_name
 from publisher.signing import NaclSigner
@@ -395,19 +395,22 @@ def test_signing_keys_round_trip_through_files_and_private_key_uris(tmp_path):
 # --- the worker over the real broker -------------------------------------------------------------
 
 
-def test_worker_publishes_snapshots_from_the_posterior_topic(kafka, topics, tmp_path, keys, root):
-    from streams.serde import AvroSerde
+def worker_config(kafka, topics, tmp_path, domain_settings):
     from streams.settings import RegistrySettings
     from streams.validation import ValidationLimits
     from streams.worker import WorkerConfig
 
-    ensure_topics(kafka, topics)
-    domain_settings = settings()
-    config = WorkerConfig(
+    return WorkerConfig(
         kafka=kafka, topics=topics, registry=RegistrySettings(), domains={"route": domain_settings},
         limits=ValidationLimits(), state_dir=tmp_path / "state",
     )  # fmt: skip
-    learner = learn(domain_settings.make_policy(), n=300)
+
+
+def produce_posteriors(kafka, topics, domain_settings, learner, *, offset: int = 100) -> None:
+    """One posterior record per arm of ``learner`` (arm i from updates partition i, watermark
+    ``offset + i``), and one of a domain nobody configured."""
+    from streams.serde import AvroSerde
+
     serde = AvroSerde("posterior", framing="single_object")
     producer = EventProducer(kafka)
     for partition, arm in enumerate(ARMS):
@@ -416,7 +419,7 @@ def test_worker_publishes_snapshots_from_the_posterior_topic(kafka, topics, tmp_
             "tenant": "default", "workspace": "main", "domain": "route", "arm": arm, "policy": "lin_ts",
             "dimension": DIM, "state": learner.arm_state_bytes(arm), "state_major": 1,
             "update_count": learner.update_count(arm),
-            "watermark": [{"topic": topics.updates, "partition": partition, "offset": 100 + partition}],
+            "watermark": [{"topic": topics.updates, "partition": partition, "offset": offset + partition}],
             "feature_hash": domain_settings.features.config_hash(), "drift_trace": drift.cov_trace,
             "drift_norm": drift.spectral_norm, "emitted_at": int(time.time() * 1000),
         }  # fmt: skip
@@ -424,7 +427,14 @@ def test_worker_publishes_snapshots_from_the_posterior_topic(kafka, topics, tmp_
     other = dict(record, domain="not_configured")
     producer.send(topics.posterior, serde, other, key="default/main/not_configured/x")
     producer.flush()
-    del producer
+
+
+def test_worker_publishes_snapshots_from_the_posterior_topic(kafka, topics, tmp_path, keys, root):
+    ensure_topics(kafka, topics)
+    domain_settings = settings()
+    config = worker_config(kafka, topics, tmp_path, domain_settings)
+    learner = learn(domain_settings.make_policy(), n=300)
+    produce_posteriors(kafka, topics, domain_settings, learner)
 
     store = DirectoryStore(tmp_path / "repo")
     stop = threading.Event()
@@ -452,6 +462,54 @@ def test_worker_publishes_snapshots_from_the_posterior_topic(kafka, topics, tmp_
     stats = out["stats"]
     assert stats.published == [("route", "1.0.0")] and stats.ignored == 1 and stats.records == 4
     assert target_name("1.0.0") in {e.path for e in Publisher(store, keys, root, domains={"route": domain_settings}).repository("route").versions()}
+
+
+def test_worker_without_timers_publishes_when_asked_and_only_what_is_new(kafka, topics, tmp_path, keys, root):
+    """``publish_now`` (SIGUSR2 in ``banditstream publish``): with both timers out of reach,
+    nothing is published until it is set; then every domain with new learning, once; asked
+    again with nothing new, nothing."""
+    ensure_topics(kafka, topics)
+    domain_settings = settings()
+    config = worker_config(kafka, topics, tmp_path, domain_settings)
+    store = DirectoryStore(tmp_path / "repo")
+    stop, publish_now, out = threading.Event(), threading.Event(), {}
+    publisher_settings = PublisherSettings(store, keys, root, config=PublisherConfig(guards=GuardConfig(min_samples=1)),
+                                           every_updates=1 << 40, every_seconds=1e9, poll_timeout=0.1)  # fmt: skip
+    metrics = PublisherMetrics()
+    thread = threading.Thread(target=lambda: out.update(
+        stats=run_publisher(config, publisher_settings, stop=stop, metrics=metrics, publish_now=publish_now)))  # fmt: skip
+    thread.start()
+    try:
+        produce_posteriors(kafka, topics, domain_settings, learn(domain_settings.make_policy(), n=300))
+        read = lambda: metrics.registry.get_sample_value("banditstream_publisher_learned_updates", {"domain": "route"})  # noqa: E731
+        wait_until(lambda: read() == 300, "the publisher to read the posteriors")
+        time.sleep(1.0)  # several polls: the timers would have fired by now if they could
+        assert not store.exists("default/main/route/metadata/timestamp.json")
+
+        publish_now.set()
+        wait_until(lambda: store.exists("default/main/route/metadata/timestamp.json"), "a publish when asked")
+        assert client(store, tmp_path, root).refresh().snapshot.samples == 300
+        wait_until(lambda: not publish_now.is_set(), "the request to be taken")
+
+        publish_now.set()  # nothing new since: nothing published
+        wait_until(lambda: not publish_now.is_set(), "the second request to be taken")
+        produce_posteriors(kafka, topics, domain_settings, learn(domain_settings.make_policy(), n=450), offset=500)
+        wait_until(lambda: read() == 450, "the publisher to read the newer posteriors")
+        time.sleep(1.0)
+        assert [str(v.version) for v in Publisher(store, keys, root, domains={"route": domain_settings}).repository("route").versions()] == ["1.0.0"]
+        publish_now.set()
+        wait_until(lambda: client(store, tmp_path, root).refresh().snapshot.samples == 450, "the newer state when asked")
+    finally:
+        stop.set()
+        thread.join(timeout=30)
+    assert out["stats"].published == [("route", "1.0.0"), ("route", "1.0.1")]
+
+
+def wait_until(ready, what: str, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not ready():
+        assert time.monotonic() < deadline, f"gave up waiting for {what}"
+        time.sleep(0.05)
 
 
 def test_posterior_table_keeps_the_latest_state_per_arm_and_skips_foreign_shards():
@@ -549,6 +607,8 @@ def test_worker_ships_the_joins_merged_normaliser_in_a_normalising_domains_snaps
         assert worker.table.put(normaliser_record(p, Normalizer({"c:tokens": [1.0, 0.0, 0.0]})))  # superseded below
         assert worker.table.put(normaliser_record(p, part))
     assert worker.table.new_updates("route") == 90  # statistics are not updates
+    # what the Playground compares with the join's banditstream_join_normalizer_observations
+    assert worker.table.normalizer_observations("route", feature_hash) == 3 * 50
 
     worker._publish("route")
     shipped = client(store, tmp_path, root).refresh().snapshot.frozen_normalizer()
