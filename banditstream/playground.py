@@ -19,17 +19,22 @@ decisions of a round are stamped a millisecond apart, ending about now, and each
 its simulated delay), and every topic has one partition, so a seed gives the same updates in
 the same order, the same learner state and the same decisions on every run.
 
+The publisher runs without a timer: the loop asks it to publish (``SIGUSR2``) once it holds
+the state learned from every decision so far, so every snapshot is a whole number of rounds,
+never a part of one, however the machine's load moves the workers.
+
 A domain with a ``promotion`` canary share is *gated*, as in production: the publisher sends
 its new versions to the canary channel, the SDK routes the canary share of decisions to it,
 and the product's promotion gate (:class:`~publisher.gate.Gate`) promotes or rolls it back.
 Here the gate runs when the program calls :meth:`Playground.gate` (at a round's end, over the
-whole log so far) rather than on the publisher's timer, so it judges at round ends only;
-:meth:`Playground.release` promotes by hand (the operator's ``snapshot promote``) and
-:meth:`Playground.reset` publishes the priors (a model reset), which a gated domain's canary
-receives. A gated run is not reproducible bit for bit: a canary published while no other
-awaited a verdict holds what the learner had learned by then, which can be part of a round.
-Its decisions are stamped at the wall clock (the gate counts the rows decided after the canary
-was published), up to a round's length in milliseconds ahead of it.
+whole log so far) rather than on the publisher's timer, so it judges at round ends only; when
+no canary awaits a verdict, what was learned is published as the canary first, and its
+evidence starts with the next round. :meth:`Playground.release` promotes by hand (the
+operator's ``snapshot promote``) and :meth:`Playground.reset` publishes the priors (a model
+reset), which a gated domain's canary receives. A gated domain's decisions are stamped at the
+wall clock (the gate counts the rows decided after the canary was published), up to a round's
+length in milliseconds ahead of it; a canary is published only once the wall clock has passed
+the last stamp.
 
 Waiting has no fixed limit: :meth:`Playground.learn` gives up only when nothing moved
 (joins, updates learned, snapshots published) for ``patience_s``. On a failure the working
@@ -42,10 +47,13 @@ import argparse
 import contextlib
 import json
 import logging
+import math
+import os
 import shutil
+import signal
 import tempfile
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -152,10 +160,10 @@ class Playground:
     """Start the loop for ``domains`` (name -> a domain's settings, as in the config file's
     ``domains``); see the module docstring.
 
-    ``seed`` seeds every domain's policy and SDK draws; ``publish_every_s`` is how often the
-    publisher looks for learned updates; ``window_s`` is the default reward window of domains
-    that set none (short, so rounds are quick); ``patience_s`` how long :meth:`learn` waits
-    without visible progress; ``workdir`` is kept after the run when given."""
+    ``seed`` seeds every domain's policy and SDK draws; ``window_s`` is the default reward
+    window of domains that set none (short, so rounds are quick); ``patience_s`` how long
+    :meth:`learn` waits without visible progress; ``workdir`` is kept after the run when
+    given."""
 
     def __init__(
         self,
@@ -165,7 +173,6 @@ class Playground:
         workdir: str | Path | None = None,
         console: Console | None = None,
         window_s: float = 1.0,
-        publish_every_s: float = 0.5,
         patience_s: float = 90.0,
     ) -> None:
         if not domains:
@@ -173,7 +180,6 @@ class Playground:
         self.seed = seed
         self.console = console or Console()
         self.window_s = window_s
-        self.publish_every_s = publish_every_s
         self.patience_s = patience_s
         self._given_workdir = workdir is not None
         self.workdir = Path(workdir) if workdir is not None else Path(tempfile.mkdtemp(prefix="banditstream-playground-"))
@@ -264,11 +270,12 @@ class Playground:
             "kafka": {"bootstrap_servers": self.kafka.bootstrap_servers, "profile": self.kafka.profile},
             "topics": self.topics.model_dump(),
             "stores": {"state_dir": str(self.workdir / "state"), "snapshots": str(self.workdir / "snapshots")},
-            "publish": {"keys_dir": str(self.workdir / "keys"), "every_updates": 100_000,
-                        "every_seconds": self.publish_every_s, "on_drift": "flag"},
+            # no timer: the loop asks (SIGUSR2) once the publisher holds a whole round
+            "publish": {"keys_dir": str(self.workdir / "keys"), "every_updates": 1 << 40, "every_seconds": 1e9,
+                        "on_drift": "flag"},
             "sdk": {"cache_dir": str(self.workdir / "cache")},
             # one producer, one partition, on loopback: records arrive in order and at once
-            "join": {"sweep_interval_s": 0.2, "grace_s": 0.25, "in_flight_margin_s": 0.25},
+            "join": {"sweep_interval_s": 0.2, "grace_s": 0.25, "in_flight_margin_s": 0.25, "normalizer_every_s": 0.2},
             "learn": {"emit_every_s": 0.3},
             "domains": domains,
         }  # fmt: skip
@@ -313,8 +320,12 @@ class Playground:
 
     def decide(self, domain: str, context: Mapping[str, Any], actions: Sequence[str], **kwargs: Any):
         """One decision, stamped a millisecond after the previous one (and no further behind
-        the wall clock than 5 s, none for a gated loop)."""
+        the wall clock than 5 s, none for a gated loop). Without an ``event_id`` it gets the
+        domain's name and the decision's number: the canary share is routed by the event id's
+        hash, so a random one would route differently on every run."""
         self.clock.ms = max(self.clock.ms + 1, int(time.time() * 1000) - self._lag_ms)
+        if kwargs.get("event_id") is None:
+            kwargs["event_id"] = f"{domain}-{self.decided:09d}"
         decision = self.decider(domain).decide(context, actions, **kwargs)
         self.decided += 1
         if decision.mode == "live":  # shadow and off decisions are joined, never learned
@@ -352,9 +363,12 @@ class Playground:
         for name in sorted(self.gated):
             if self.made[name]:
                 versions[name] = self._follow_gated(name)
+        pending = {name: n for name, n in self.made.items() if n and name not in self.gated}
+        if not pending:
+            return versions
         try:
-            wait_for_snapshots(self.sources, self.deciders, {name: n for name, n in self.made.items() if n and name not in self.gated},
-                               progress=lambda: worker_progress(self.workers), check=self._check, patience_s=self.patience_s,
+            wait_for_snapshots(self.sources, self.deciders, pending, progress=lambda: worker_progress(self.workers),
+                               check=self._check, patience_s=self.patience_s, tick=self._publish_asker(pending),
                                on_swap=lambda name, active: versions.__setitem__(name, active.version))  # fmt: skip
         except Stalled as stall:
             joined, learned, _ = stall.progress
@@ -380,6 +394,8 @@ class Playground:
         # verdict releases as the next canary is then all that was learned
         self._until(lambda: worker_progress(self.workers)[0] >= self.decided and self._held(domain) >= self.made[domain],
                     f"{domain}'s decisions joined and learned")  # fmt: skip
+        if not self._awaiting_verdict(domain):  # what was learned goes out as the canary; its rows start now
+            self._follow_gated(domain)
         settings = self.config()
         topic = settings.topics.updates
         read_log = domain_log_reader(self.kafka, topic, settings.worker_config().serde("update", topic=topic))
@@ -393,8 +409,8 @@ class Playground:
         """Promote ``domain``'s canary to stable by hand (``banditstream snapshot promote``):
         e.g. the offline stage's warm start, once evaluated. Returns the stable version."""
         self._gated(domain)
-        while True:  # a canary published while learning went on holds part of it: promote again
-            self._until(lambda: self._held(domain) >= self.made[domain], f"{domain}'s decisions learned")
+        while True:  # a canary that awaited a verdict holds part of what was learned: promote again
+            self._follow_gated(domain)
             self._publisher_for().promote(domain, None, "stable", source="canary")
             version = self._follow_gated(domain)
             if self._latest(self.sources[domain]).samples >= self.made[domain]:
@@ -410,29 +426,62 @@ class Playground:
         return version
 
     def _follow_gated(self, name: str) -> str:
-        """Wait until the canary channel holds what a round's end should: a version that learned
-        from every decision so far, or one awaiting the gate's verdict once the publisher holds
-        the state learned from every decision (it waits for the verdict). Swap both channels
-        into the SDK; returns the stable version."""
-        from publisher.gate import nothing_to_gate
-
-        repository = self._publisher_for().repository(name)
+        """Ask the publisher to publish once it holds everything learned, and wait until the
+        canary channel holds what a round's end should: a version that learned from every
+        decision so far, or one awaiting the gate's verdict once the publisher holds all that
+        (it holds the new state until the verdict). Swap both channels into the SDK; returns
+        the stable version."""
 
         def ready() -> bool:
             canary = self._latest(self.canary_sources[name])
             if canary is None or self._latest(self.sources[name]) is None:
                 return False
-            if canary.samples >= self.made[name]:
-                return True
-            head = repository.head()
-            pending = nothing_to_gate(head.channel_head("stable"), head.channel_head("canary")) is None
-            return pending and self._held(name) >= self.made[name]
+            return canary.samples >= self.made[name] or (self._awaiting_verdict(name) and self._held(name) >= self.made[name])
 
-        self._until(ready, f"a canary of {name} that learned from {self.made[name]:,} decisions")
+        self._until(ready, f"a canary of {name} that learned from {self.made[name]:,} decisions", tick=self._publish_asker([name]))
         stable = self._latest(self.sources[name])
         self.decider(name).use(stable)
         self.decider(name).use(self._latest(self.canary_sources[name]), channel="canary")
         return stable.version
+
+    def _awaiting_verdict(self, name: str) -> bool:
+        """The canary channel holds a version the gate has not judged yet."""
+        from publisher.gate import nothing_to_gate
+
+        head = self._publisher_for().repository(name).head()
+        return nothing_to_gate(head.channel_head("stable"), head.channel_head("canary")) is None
+
+    def _publish_asker(self, names: Iterable[str], every_s: float = 2.0) -> Callable[[], None]:
+        """A tick for the waits: it asks the publisher to publish what it holds (SIGUSR2) once
+        that is what a snapshot of ``names`` should hold (:meth:`_publishable`) and the wall
+        clock has passed every decision's stamp (the gate counts the rows decided after a
+        canary's publication, and stamps run up to a round's length ahead); then again every
+        ``every_s`` (a guard failure or a lost version race publishes nothing; asking again
+        when nothing is new publishes nothing)."""
+        names, asked = list(names), [-math.inf]
+
+        def ask() -> None:
+            if time.monotonic() - asked[0] >= every_s and time.time() * 1000 > self.clock.ms + 1 and self._publishable(names):
+                asked[0] = time.monotonic()
+                os.kill(self.workers.pids()["publish"], signal.SIGUSR2)
+
+        ask()
+        return ask
+
+    def _publishable(self, names: Iterable[str]) -> bool:
+        """The publisher holds what a snapshot of ``names`` should: the state learned from every
+        decision made, and for a normalising domain the join's statistics of every decision."""
+        if not all(self._held(name) >= self.made[name] for name in names):
+            return False
+        normalising = [name for name in names if self.settings[name].features.normalize]
+        if not normalising:
+            return True
+        join = self.workers.scrape("join")
+        if sum(join.get("banditstream_joins_total", {}).values()) < self.decided:
+            return False
+        held = join.get("banditstream_join_normalizer_observations", {})
+        shipped = self.workers.scrape("publish").get("banditstream_publisher_normalizer_observations", {})
+        return all(shipped.get(f'domain="{name}"', 0.0) == held.get(f'domain="{name}"', 0.0) for name in normalising)
 
     def _held(self, domain: str) -> float:
         """The updates learned into the state the publisher holds for ``domain``."""
@@ -456,12 +505,14 @@ class Playground:
         except Exception:  # noqa: BLE001 - nothing published yet, or mid-publish
             return None
 
-    def _until(self, ready: Callable[[], bool], what: str) -> None:
-        """Poll ``ready`` until it holds; give up only when the workers made no progress for
-        ``patience_s``."""
+    def _until(self, ready: Callable[[], bool], what: str, tick: Callable[[], None] | None = None) -> None:
+        """Poll ``ready`` until it holds (``tick()`` between polls); give up only when the
+        workers made no progress for ``patience_s``."""
         seen, moved = None, time.monotonic()
         while not ready():
             self._check()
+            if tick is not None:
+                tick()
             now = worker_progress(self.workers)
             if now != seen:
                 seen, moved = now, time.monotonic()

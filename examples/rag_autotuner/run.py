@@ -69,7 +69,7 @@ CANDIDATE = "shared_lin_ucb(alpha=0.2,eps0=0.1)"
 #: the offline log: the share of requests answered with a uniformly drawn configuration
 EXPLORE = 0.5
 #: (log lines, shadow rounds, canary rounds, requests per round, the round the model is reset, validation questions)
-SIZES = {"quick": (3000, 1, 10, 600, 4, 300), "full": (6000, 2, 24, 500, 9, 600)}
+SIZES = {"quick": (3000, 1, 14, 600, 4, 300), "full": (6000, 2, 24, 500, 9, 600)}
 
 
 def main(argv: list[str] | None = None) -> int:
