@@ -692,6 +692,12 @@ class Decider:
     def spool_depth(self) -> int:
         return self._emitter.spool_depth if self._emitter is not None else 0
 
+    @property
+    def emitter_stats(self):
+        """The event emitter's counters (``EmitterStats``: sent, spooled, drained, ...); None
+        without Kafka."""
+        return self._emitter.stats if self._emitter is not None else None
+
     def flush(self, timeout: float = 30.0) -> bool:
         """Wait until every emitted event is acknowledged by Kafka (spool drained)."""
         return self._emitter.flush(timeout) if self._emitter is not None else True

@@ -203,6 +203,7 @@ class Playground:
         self.made: dict[str, int] = dict.fromkeys(domains, 0)
         self.decided = 0
         self._stamps: dict[str, int] = {}  # event id -> its decision's event time, until rewarded
+        self._spooled: dict[str, int] = {}  # domain -> events its SDK had spooled when last said
         self.kafka: KafkaSettings | None = None
         self.config_path: Path | None = None
         self._stack: LocalStack | None = None
@@ -359,6 +360,7 @@ class Playground:
         for decider in self.deciders.values():
             decider.flush(30)
         self._stamps.clear()  # the round's rewards are sent
+        self._say_spooled()
         versions: dict[str, str] = {}
         for name in sorted(self.gated):
             if self.made[name]:
@@ -443,6 +445,18 @@ class Playground:
         self.decider(name).use(stable)
         self.decider(name).use(self._latest(self.canary_sources[name]), channel="canary")
         return stable.version
+
+    def _say_spooled(self) -> None:
+        """Say so when an SDK spooled events (a delivery slower than its timeout): they reach
+        Kafka out of order, and a reward the join reads after its window is dead-lettered while
+        the default is learned, so the run differs from one where nothing was spooled."""
+        for name, decider in self.deciders.items():
+            stats = decider.emitter_stats
+            spooled = stats.spooled if stats is not None else 0
+            if spooled > self._spooled.get(name, 0):
+                self.console.print(f"warning: {name}'s SDK spooled {spooled - self._spooled.get(name, 0):,} events (deliveries "
+                                   "slower than the emitter's timeout): they reached Kafka late and out of order", highlight=False)  # fmt: skip
+                self._spooled[name] = spooled
 
     def _awaiting_verdict(self, name: str) -> bool:
         """The canary channel holds a version the gate has not judged yet."""

@@ -95,6 +95,14 @@ def test_core_rl_shadow_changes_nothing_live_beats_the_baseline_and_shields_hold
 
 def test_assistant_routing_offline_estimate_agrees_with_the_online_result_and_the_monitor_is_quiet(examples):
     s, out = run_example(examples, "assistant_routing")
+    # first the loop's health, which every claim below rests on (a reward lost or defaulted
+    # would change what was learned): the monitor has no alert and nothing it could not read,
+    # and every live decision was joined and rewarded
+    monitor = s["monitor"]
+    assert monitor["alerts"] == [] and monitor["problems"] == [] and not monitor["dead_letters"]
+    live = s["rounds"] * s["per_round"]
+    assert {name: (d["decisions"], d["rewarded_share"]) for name, d in monitor["domains"].items()} == {
+        name: (live, 1.0) for name in ("route", "tools", "cache")}
     offline = s["offline"]["candidates"]
     agree = s["route_online_vs_offline"]
     router = offline[agree["candidate"]]
@@ -117,12 +125,6 @@ def test_assistant_routing_offline_estimate_agrees_with_the_online_result_and_th
     assert tools["last_round_tool_per_intent"] == {"billing": "kb_lookup", "tech": "search", "chitchat": "none", "legal": "kb_lookup"}
     assert cache["last_round_reward"] >= cache["baseline_reward"] + 0.05 and cache["last_round_reward"] >= cache["uniform_reward"] + 0.02
     assert cache["last_round_top_action"] == "semantic"
-    # the monitor: no alert, nothing it could not read, every live decision joined and rewarded
-    monitor = s["monitor"]
-    assert monitor["alerts"] == [] and monitor["problems"] == [] and not monitor["dead_letters"]
-    live = s["rounds"] * s["per_round"]
-    assert {name: (d["decisions"], d["rewarded_share"]) for name, d in monitor["domains"].items()} == {
-        name: (live, 1.0) for name in ("route", "tools", "cache")}
     png(s["plot"])
     assert (out / "reward_log.jsonl").stat().st_size > 500_000
 
