@@ -18,7 +18,7 @@ Learners (contexts z are the environment's raw features; each learner gets them 
 library expects them):
 
 - **ours**: a domain declared with defaults, ``DomainSettings()``: ``lin_igw`` (inverse-gap
-  weighting over UCB scores: alpha=1, gamma_t = 300 sqrt(t), floor eps0=0.01, ridge prior 1)
+  weighting over UCB scores: alpha=0.3, gamma_t = 300 sqrt(t), floor eps0=0.01, ridge prior 1)
   over the default features (z sent as named numeric features ``{"numeric": {"x0": ..}}``,
   hashed into 64 slots with an intercept, z-scored by the running normaliser). It decides as the SDK does (``encoder.action_matrix``, then
   ``policy.probabilities``) and learns as the join and learner do (each row encoded with the

@@ -207,7 +207,7 @@ def test_members_that_learn_alike_are_carried_once_and_load_alike():
     assert [m.arm_state_bytes("a") for m in whole.members] == [m.arm_state_bytes("a") for m in portfolio.members]
 
 
-MIXED = [GOOD, {"policy": "lin_igw", "eps0": 0.0, "label": "igw"}, {"policy": "lin_ucb", "alpha": 2.0, "eps0": 0.0, "label": "wide"}]
+MIXED = [GOOD, {"policy": "lin_igw", "alpha": 1.0, "eps0": 0.0, "label": "igw"}, {"policy": "lin_ucb", "alpha": 2.0, "eps0": 0.0, "label": "wide"}]
 
 
 def test_with_mix_the_distribution_is_the_acting_members_mixed_with_the_others_mean():

@@ -98,9 +98,10 @@ MAX_SWITCHES = 20
 #: (``gamma`` 0.995). Chosen by ``benchmarks/regret.py`` (README, "Which policy"): never worse
 #: than the default alone beyond noise, and the forgetting LinUCB takes over on a slow drift.
 DEFAULT_MEMBERS = (
-    {"policy": "lin_igw"},
+    # IGW with alpha 1, not lin_igw's default 0.3: the members differ in how greedy they are
+    {"policy": "lin_igw", "alpha": 1.0},
     {"policy": "lin_ucb", "alpha": 0.3, "eps0": 0.01},
-    {"policy": "lin_igw", "gamma": 0.995},
+    {"policy": "lin_igw", "alpha": 1.0, "gamma": 0.995},
     {"policy": "lin_ucb", "alpha": 0.3, "eps0": 0.01, "gamma": 0.995},
 )
 #: Settings a portfolio may give every member (a member's own value wins).
