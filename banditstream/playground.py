@@ -485,7 +485,9 @@ class Playground:
     def _publishable(self, names: Iterable[str]) -> bool:
         """The publisher holds what a snapshot of ``names`` should: the state learned from every
         decision made, and for a normalising domain the join's statistics of every decision."""
-        if not all(self._held(name) >= self.made[name] for name in names):
+        publisher = self.workers.scrape("publish")
+        learned = publisher.get("banditstream_publisher_learned_updates", {})
+        if not all(learned.get(f'domain="{name}"', 0.0) >= self.made[name] for name in names):
             return False
         normalising = [name for name in names if self.settings[name].features.normalize]
         if not normalising:
@@ -494,7 +496,7 @@ class Playground:
         if sum(join.get("banditstream_joins_total", {}).values()) < self.decided:
             return False
         held = join.get("banditstream_join_normalizer_observations", {})
-        shipped = self.workers.scrape("publish").get("banditstream_publisher_normalizer_observations", {})
+        shipped = publisher.get("banditstream_publisher_normalizer_observations", {})
         return all(shipped.get(f'domain="{name}"', 0.0) == held.get(f'domain="{name}"', 0.0) for name in normalising)
 
     def _held(self, domain: str) -> float:

@@ -269,7 +269,10 @@ class GateLog:
 class _PublisherWorker:
     """One run of the worker loop; see the module docstring for the steps."""
 
-    def __init__(self, config: WorkerConfig, settings: PublisherSettings, metrics: PublisherMetrics | None) -> None:
+    def __init__(
+        self, config: WorkerConfig, settings: PublisherSettings, metrics: PublisherMetrics | None,
+        publish_now: threading.Event | None = None,
+    ) -> None:  # fmt: skip
         self.config = config
         self.settings = settings
         self.publisher = Publisher(
@@ -286,7 +289,8 @@ class _PublisherWorker:
         #: or every_seconds after the start: a snapshot built half-way would lack arms.
         self._caught_up = False
         self._published: set[str] = set()
-        self._publish_now = threading.Event()  # run()'s, when given: set by SIGUSR2 in the CLI
+        #: set (by SIGUSR2 in the CLI) to make every domain with new learning due at once
+        self._publish_now = publish_now or threading.Event()
         #: domain -> its gate's settings, for the domains with a canary share
         self.gated = {
             name: GateConfig.from_settings(d.promotion)
@@ -307,10 +311,8 @@ class _PublisherWorker:
                 metrics=PortfolioMetrics(metrics.registry) if metrics is not None else None,
             )  # fmt: skip
 
-    def run(self, stop: threading.Event, idle_timeout: float | None, publish_now: threading.Event | None = None) -> PublisherStats:
+    def run(self, stop: threading.Event, idle_timeout: float | None) -> PublisherStats:
         s = self.settings
-        if publish_now is not None:
-            self._publish_now = publish_now
         group = s.group_id or f"banditstream-publisher-{self.config.tenant}-{self.config.workspace}-{uuid.uuid4().hex[:8]}"
         serde = self.config.serde("posterior", topic=self.config.topics.posterior)
         last_record = time.monotonic()
@@ -479,10 +481,10 @@ def run_publisher(
     if not config.domains:
         raise PublisherError("the publisher needs at least one configured domain")
     check_topics(config.kafka, config.topics)  # a broker away or refusing the credentials: said now
-    worker = _PublisherWorker(config, settings, metrics)
+    worker = _PublisherWorker(config, settings, metrics, publish_now)
     log.info(
         "publisher for %s/%s: domains %s, every %d updates or %.0fs, to %s",
         config.tenant, config.workspace, ", ".join(sorted(config.domains)), settings.every_updates,
         settings.every_seconds, settings.store.location,
     )  # fmt: skip
-    return worker.run(stop or threading.Event(), idle_timeout, publish_now)
+    return worker.run(stop or threading.Event(), idle_timeout)

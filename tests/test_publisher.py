@@ -37,6 +37,7 @@ from publisher.stores import DirectoryStore
 from publisher.worker import PublisherSettings, run_publisher
 from streams.client import EventProducer
 from streams.topics import ensure_topics
+from tests.learn_helpers import wait_until
 
 DIM = 6
 ARMS = ["small", "medium", "large"]
@@ -482,34 +483,27 @@ def test_worker_without_timers_publishes_when_asked_and_only_what_is_new(kafka, 
     try:
         produce_posteriors(kafka, topics, domain_settings, learn(domain_settings.make_policy(), n=300))
         read = lambda: metrics.registry.get_sample_value("banditstream_publisher_learned_updates", {"domain": "route"})  # noqa: E731
-        wait_until(lambda: read() == 300, "the publisher to read the posteriors")
+        wait_until(lambda: read() == 300, 60, "the publisher to read the posteriors", 0.05)
         time.sleep(1.0)  # several polls: the timers would have fired by now if they could
         assert not store.exists("default/main/route/metadata/timestamp.json")
 
         publish_now.set()
-        wait_until(lambda: store.exists("default/main/route/metadata/timestamp.json"), "a publish when asked")
+        wait_until(lambda: store.exists("default/main/route/metadata/timestamp.json"), 60, "a publish when asked", 0.05)
         assert client(store, tmp_path, root).refresh().snapshot.samples == 300
-        wait_until(lambda: not publish_now.is_set(), "the request to be taken")
+        wait_until(lambda: not publish_now.is_set(), 60, "the request to be taken", 0.05)
 
         publish_now.set()  # nothing new since: nothing published
-        wait_until(lambda: not publish_now.is_set(), "the second request to be taken")
+        wait_until(lambda: not publish_now.is_set(), 60, "the second request to be taken", 0.05)
         produce_posteriors(kafka, topics, domain_settings, learn(domain_settings.make_policy(), n=450), offset=500)
-        wait_until(lambda: read() == 450, "the publisher to read the newer posteriors")
+        wait_until(lambda: read() == 450, 60, "the publisher to read the newer posteriors", 0.05)
         time.sleep(1.0)
         assert [str(v.version) for v in Publisher(store, keys, root, domains={"route": domain_settings}).repository("route").versions()] == ["1.0.0"]
         publish_now.set()
-        wait_until(lambda: client(store, tmp_path, root).refresh().snapshot.samples == 450, "the newer state when asked")
+        wait_until(lambda: client(store, tmp_path, root).refresh().snapshot.samples == 450, 60, "the newer state when asked", 0.05)
     finally:
         stop.set()
         thread.join(timeout=30)
     assert out["stats"].published == [("route", "1.0.0"), ("route", "1.0.1")]
-
-
-def wait_until(ready, what: str, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not ready():
-        assert time.monotonic() < deadline, f"gave up waiting for {what}"
-        time.sleep(0.05)
 
 
 def test_posterior_table_keeps_the_latest_state_per_arm_and_skips_foreign_shards():

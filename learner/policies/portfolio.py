@@ -97,6 +97,9 @@ MAX_SWITCHES = 20
 #: until the log says otherwise), LinUCB with a floor fit for evaluation, and both forgetting
 #: (``gamma`` 0.995). Chosen by ``benchmarks/regret.py`` (README, "Which policy"): never worse
 #: than the default alone beyond noise, and the forgetting LinUCB takes over on a slow drift.
+#: ``min_rows_per_arm``'s default (a state written without it reads as this)
+MIN_ROWS_PER_ARM = 20
+
 DEFAULT_MEMBERS = (
     # IGW with alpha 1, not lin_igw's default 0.3: the members differ in how greedy they are
     {"policy": "lin_igw", "alpha": 1.0},
@@ -157,7 +160,7 @@ class Portfolio(Policy):
         members: Sequence[Mapping[str, Any]] = DEFAULT_MEMBERS,
         level: float = 0.95,
         min_rows: int = 200,
-        min_rows_per_arm: int = 20,
+        min_rows_per_arm: int = MIN_ROWS_PER_ARM,
         mix: float = 0.0,
         mix_rule: str = "fixed",
         seed: int | None = None,
@@ -232,7 +235,7 @@ class Portfolio(Policy):
     def get_params(self) -> dict[str, Any]:
         params: dict[str, Any] = {"dim": self.dim, "members": [dict(spec) for spec in self.specs], "level": self.level,
                                   "min_rows": self.min_rows, "seed": self.seed}  # fmt: skip
-        if self.min_rows_per_arm != 20:
+        if self.min_rows_per_arm != MIN_ROWS_PER_ARM:
             params["min_rows_per_arm"] = self.min_rows_per_arm
         if self.mix:  # a state without it reads as it was written (mix 0)
             params["mix"] = self.mix
