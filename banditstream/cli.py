@@ -529,7 +529,7 @@ def snapshot_gate(
 def demo(
     events: int = typer.Option(20_000, "--events", min=10, help="Decisions to make (spread over the domains)."),
     domains: str = typer.Option(",".join(DEMO_DOMAINS), "--domains", help="Simulated domains, comma-separated."),
-    policy: str = typer.Option("lin_igw", "--policy", help="Policy for every domain (lin_igw, lin_ts, lin_ucb, ...)."),
+    policy: str = typer.Option("portfolio", "--policy", help="Policy for every domain (portfolio, lin_igw, lin_ts, lin_ucb, ...)."),
     seed: int = typer.Option(7, "--seed", help="Seed of the workload and the SDK's draws."),
     json_path: Optional[Path] = typer.Option(None, "--json", help="Write the summary here as JSON."),
     plot: Path = typer.Option(Path("banditstream-demo.png"), "--plot", help="Where to write the PNG."),

@@ -73,7 +73,7 @@ class DemoError(RuntimeError):
 class DemoOptions:
     events: int = 20_000
     domains: tuple[str, ...] = DEFAULT_DOMAINS
-    policy: str = "lin_igw"
+    policy: str = "portfolio"
     seed: int = 7
     round_size: int = 1000
     window_s: float = 3.0

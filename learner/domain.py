@@ -74,7 +74,7 @@ class DomainSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True)
 
-    policy: str = Field("lin_igw", description=f"one of: {', '.join(sorted(POLICIES))}")
+    policy: str = Field("portfolio", description=f"one of: {', '.join(sorted(POLICIES))}")
     params: dict[str, Any] = Field(default_factory=dict, description="policy hyper-parameters (alpha, v, eps0, gamma, ...)")
     features: FeatureConfig = FeatureConfig()
     reward: RewardConfig = RewardConfig()
