@@ -63,7 +63,6 @@ _MODE_NAMES = {v: k for k, v in MODES.items()}
 AGGREGATIONS = {"earliest": "first", "average": "mean"}
 _AGGREGATION_NAMES = {v: k for k, v in AGGREGATIONS.items()}
 _BANDITSTREAM_AGGREGATIONS = ("sum", "first", "last", "max", "min", "mean")
-_DEFAULT_EPS0 = 0.05  # learner.policies.base.Policy's exploration floor
 
 
 class ApiError(Exception):
@@ -490,6 +489,14 @@ class ServiceExtras:
         )
 
 
+def exploration_floor(settings: DomainSettings) -> float:
+    """The floor the domain's policy decides with: ``params.eps0``, else its policy's default
+    (0.01 for ``lin_igw`` and the default portfolio's members, 0.05 for most others)."""
+    if "eps0" in settings.params:
+        return float(settings.params["eps0"])
+    return float(settings.make_policy().eps0)
+
+
 def service_configuration(settings: DomainSettings, extras: ServiceExtras, api_version: str) -> dict[str, Any]:
     """The domain's settings as a ServiceConfiguration body."""
     reward = settings.reward
@@ -497,7 +504,7 @@ def service_configuration(settings: DomainSettings, extras: ServiceExtras, api_v
         "rewardWaitTime": format_duration(reward.window_s),
         "defaultReward": float(reward.default_reward),
         "rewardAggregation": _AGGREGATION_NAMES.get(reward.aggregate, reward.aggregate),
-        "explorationPercentage": float(settings.params.get("eps0", _DEFAULT_EPS0)),
+        "explorationPercentage": exploration_floor(settings),
         "modelExportFrequency": format_duration(extras.model_export_frequency_s),
         "logRetentionDays": extras.log_retention_days,
     }

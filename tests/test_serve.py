@@ -324,3 +324,18 @@ def test_ranked_events_are_held_out_of_the_garbage_collectors_sight():
     assert not any(gc.is_tracked(held) for held in memory._events.values())  # noqa: SLF001
     assert memory.get("e1499") == Ranked(1499.0, False, None) and memory.get("e1497").slots == ("a", "b")
     assert memory.get("e499") is None and memory.oldest == 500.0
+
+
+@pytest.mark.parametrize(("domain", "floor"), [
+    ({}, 0.01),  # the default portfolio: its members are lin_igw, whose floor is 0.01
+    ({"policy": "lin_igw"}, 0.01),
+    ({"policy": "lin_ucb"}, 0.05),
+    ({"policy": "lin_ucb", "params": {"eps0": 0.2}}, 0.2),
+])  # fmt: skip
+def test_exploration_percentage_is_the_floor_the_policy_decides_with(domain, floor):
+    from banditstream.serve_api import PREVIEW, ServiceExtras, service_configuration
+    from learner.domain import DomainSettings
+
+    settings = DomainSettings.model_validate(domain)
+    body = service_configuration(settings, ServiceExtras(model_export_frequency_s=60.0), PREVIEW)
+    assert body["explorationPercentage"] == floor == settings.make_policy().eps0
