@@ -59,6 +59,7 @@ from banditstream.playground import EventClock, Stalled, status, wait_for_snapsh
 from banditstream.simulate import ENVIRONMENTS, Environment, make_environment
 from banditstream.workers import WorkerExited, WorkerProcesses
 from learner.domain import DomainSettings
+from learner.policies import Portfolio
 from streams.settings import KafkaSettings, TopicSettings
 from streams.topics import ensure_topics
 
@@ -201,6 +202,14 @@ def live_panel(head: str, counts: str, rows: list[tuple]) -> Group:
     return Group(head, counts, table)
 
 
+def _acting(decider: Decider | None) -> dict[str, Any]:
+    """A portfolio domain's acting member at the end, and how many switches its snapshot records."""
+    active = None if decider is None else decider.active_policy
+    if active is None or not isinstance(active.policy, Portfolio):
+        return {}
+    return {"acting": active.policy.acting_label, "switches": len(active.policy.switches)}
+
+
 def summary_tables(summary: dict[str, Any]) -> list[Table]:
     """The tables printed at the end (each readable at 80 columns)."""
     p = summary["pipeline"]
@@ -212,7 +221,9 @@ def summary_tables(summary: dict[str, Any]) -> list[Table]:
         pipeline.add_row(key.replace("_", " ") + star, f"{value:,}")
     pipeline.add_row("SDK decide p50 / p99 *", f"{summary['sdk_decide_p50_us']:.0f} / {summary['sdk_decide_p99_us']:.0f} µs")
     pipeline.add_row("wall time *", f"{summary['seconds']:.0f} s")
-    rewards = Table("domain", "learned", "random", "oracle", "gain over random", "regret", title="reward over the last quarter")
+    acting = [f"{name}: {d['acting']} ({d['switches']} switches)" for name, d in summary["domains"].items() if "acting" in d]
+    rewards = Table("domain", "learned", "random", "oracle", "gain over random", "regret", title="reward over the last quarter",
+                    caption=f"acting at the end: {'; '.join(acting)}" if acting else None)  # fmt: skip
     for name, d in summary["domains"].items():
         rewards.add_row(name, f"{d['learned_reward']:.3f}", f"{d['random_reward']:.3f}", f"{d['oracle_reward']:.3f}",
                         f"{d['gain_ratio']:.0%}", f"{d['cumulative_regret']:,.0f}")  # fmt: skip
@@ -523,7 +534,7 @@ class _Demo:
                 f"{published:,.0f} snapshots; {self.stage}")  # fmt: skip
 
     def _summary(self, deciders) -> dict[str, Any]:
-        per_domain = {name: log.figures() for name, log in self.logs.items()}
+        per_domain = {name: log.figures() | _acting(deciders.get(name)) for name, log in self.logs.items()}
         joins = self._joins()
         dead = self.workers.metric("join", "banditstream_dead_letters_total")
         late = self.workers.metric("join", "banditstream_late_rewards_total")
@@ -538,6 +549,10 @@ class _Demo:
                           f"had not counted them all")  # fmt: skip
         if self.drift_flagged:
             broken.append(f"{self.drift_flagged} snapshot(s) carried a drift flag, which depends on the intermediate snapshots")
+        switched = [name for name, d in per_domain.items() if d.get("switches")]
+        if switched:  # the publisher rates the members on each row with the snapshot before it
+            broken.append(f"the portfolio of {', '.join(switched)} switched members, on evidence that depends on the "
+                          "intermediate snapshots")  # fmt: skip
         return {
             "events": self._made(),
             "seed": self.o.seed,

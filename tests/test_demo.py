@@ -16,6 +16,7 @@ from rich.console import Console
 
 from banditstream.cli import _snapshot_tables
 from banditstream.demo import live_panel, summary_tables
+from learner.domain import DomainSettings
 
 CLI = [sys.executable, "-m", "banditstream.cli", "demo"]
 
@@ -61,6 +62,10 @@ def test_demo_learns_a_clear_margin_over_random_and_leaves_nothing_running(tmp_p
     assert pipeline["late_rewards"] == pipeline["rewards_sent_late"] > 0
     assert plot.stat().st_size > 10_000 and plot.read_bytes()[:4] == b"\x89PNG"
     assert "reward over the last quarter" in run.stdout
+    # every domain runs the default policy, a portfolio: the summary says which member acts
+    assert summary["policy"] == "portfolio" and "acting at the end" in run.stdout
+    labels = DomainSettings().make_policy().labels
+    assert all(figures["acting"] in labels and isinstance(figures["switches"], int) for figures in summary["domains"].values())
     # off-policy, from the log read back from the updates topic: the learned snapshot is rated
     # above uniform random with an interval that excludes uniform's value
     for name, figures in summary["evaluation"].items():
