@@ -34,8 +34,8 @@ from learner.domain import DomainSettings
 from learner.evaluation.run import evaluate_candidates
 
 HERE = Path(__file__).parent
-#: Both routers: the default policy (lin_igw) over the question's category, length and top_k;
-#: the judged score is the reward, 0 when none comes.
+#: Both routers: the default policy (a portfolio of lin_igw and lin_igw forgetting) over the
+#: question's category, length and top_k; the judged score is the reward, 0 when none comes.
 ROUTER = {"features": {"dimension": 64}, "reward": {"expression": "value", "default_reward": 0.0}}
 DOMAINS = ("router_cold", "router_warm")
 #: (log lines, live rounds, questions per round)
