@@ -306,3 +306,64 @@ def test_by_evidence_a_member_the_log_rates_clearly_worse_takes_almost_no_share(
 def test_a_bad_portfolio_is_refused_naming_the_member(params, message):
     with pytest.raises(ValueError, match=message):
         DomainSettings(policy="portfolio", params=params)
+
+
+def _rotating_world(seed: int, rotate: bool, steps: int = 20_000) -> tuple[np.ndarray, np.ndarray]:
+    """Contexts (steps, 10) and ten arms' expected rewards (steps, 10), linear; with ``rotate``
+    every arm's coefficients turn into new ones over the run: the suite's ``drift_gradual``."""
+    rng = np.random.default_rng(seed)
+    z = rng.normal(size=(steps, 10))
+    before, after = rng.normal(0, 1 / np.sqrt(11), (2, 10, 10))
+    phi = (np.pi / 2) * np.arange(steps) / (steps - 1) if rotate else np.zeros(steps)
+    return z, np.cos(phi)[:, None] * (z @ before.T) + np.sin(phi)[:, None] * (z @ after.T)
+
+
+def _play_default(policy: Policy, z: np.ndarray, means: np.ndarray, batch: int = 200) -> tuple[float, list[int]]:
+    """A domain declared with defaults, as the SDK decides and the join, learner and publisher
+    learn and judge (named features through the default encoder): the regret over the run and
+    the arm chosen at every step."""
+    encoder = DomainSettings().encoder()
+    arms = [f"arm{k}" for k in range(means.shape[1])]
+    actions = [{"id": arm} for arm in arms]
+    noise = np.random.default_rng(99).normal(0, 0.1, means.shape)
+    regret, played = 0.0, []
+    for lo in range(0, len(z), batch):
+        contexts = [{"numeric": {f"x{j}": v for j, v in enumerate(row)}} for row in z[lo : lo + batch].tolist()]
+        chosen, probability = [], []
+        for i, context in enumerate(contexts):
+            choice = policy.probabilities(encoder.action_matrix(context, actions), arms, rng=lo + i)
+            chosen.append(choice.chosen)
+            probability.append(choice.probability)
+        idx = np.arange(lo, lo + len(contexts))
+        regret += float((means[idx].max(axis=1) - means[idx, chosen]).sum())
+        played += chosen
+        rows = np.array([encoder.context_vector(context) for context in contexts])
+        for context in contexts:
+            encoder.observe(context)
+        rewards = means[idx, chosen] + noise[idx, chosen]
+        if isinstance(policy, Portfolio):  # the publisher's judging, before the rows are learned
+            policy.judge(rows, [arms] * len(rows), chosen, probability, rewards)
+        policy.update_batch(rows, [arms[k] for k in chosen], rewards)
+    return regret, played
+
+
+def test_the_default_domain_decides_as_lin_igw_on_stationary_traffic_and_hands_over_to_forgetting_on_a_drift():
+    default = DomainSettings()
+    dim = default.features.dimension
+    assert default.policy == "portfolio" and default.make_policy().labels == ["lin_igw", "lin_igw(gamma=0.995)"]
+    for seed in (0, 1, 2):
+        z, means = _rotating_world(seed, rotate=False)
+        portfolio = default.make_policy(seed=1)
+        regret, played = _play_default(portfolio, z, means)
+        alone, alone_played = _play_default(make_policy("lin_igw", dim=dim, seed=1), z, means)
+        assert regret <= 1.01 * alone and portfolio.acting_label == "lin_igw", (seed, regret, alone, portfolio.switches)
+        # up to its first switch (with none: the whole run) it decides as lin_igw alone, to the draw
+        first = portfolio.switches[0]["rows"] if portfolio.switches else len(z)
+        assert first > len(z) // 4 and played[:first] == alone_played[:first]
+
+        z, means = _rotating_world(seed, rotate=True)
+        portfolio = default.make_policy(seed=1)
+        regret, _ = _play_default(portfolio, z, means)
+        alone, _ = _play_default(make_policy("lin_igw", dim=dim, seed=1), z, means)
+        assert portfolio.acting_label == "lin_igw(gamma=0.995)", (seed, portfolio.switches)
+        assert regret < 0.6 * alone, (seed, regret, alone)
