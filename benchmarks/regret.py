@@ -17,9 +17,11 @@ Protocol, per environment, seed and batch size B:
 Learners (contexts z are the environment's raw features; each learner gets them the way its
 library expects them):
 
-- **ours**: a domain declared with defaults, ``DomainSettings()``: ``lin_igw`` (inverse-gap
-  weighting over UCB scores: alpha=0.3, gamma_t = 300 sqrt(t), floor eps0=0.01, ridge prior 1)
-  over the default features (z sent as named numeric features ``{"numeric": {"x0": ..}}``,
+- **ours**: a domain declared with defaults, ``DomainSettings()``: a portfolio of ``lin_igw``
+  (inverse-gap weighting over UCB scores: alpha=0.3, gamma_t = 300 sqrt(t), floor eps0=0.01,
+  ridge prior 1) and the same forgetting (gamma 0.995), ``lin_igw`` acting first; before each
+  batch is learned every member scores its rows and the log's paired estimate may switch who
+  acts, as the publisher does. Over the default features (z sent as named numeric features ``{"numeric": {"x0": ..}}``,
   hashed into 64 slots with an intercept, z-scored by the running normaliser). It decides as the SDK does (``encoder.action_matrix``, then
   ``policy.probabilities``) and learns as the join and learner do (each row encoded with the
   normaliser as it stands, then observed; one ``update_batch``). This is the headline. Event time
@@ -28,7 +30,7 @@ library expects them):
   a no-op unless it forgets by time; at B = 1 that ages every arm every step, which makes a
   half-life variant several times slower than the default there).
 - **our LinUCB**, **our LinTS** (floor eps0=0.05, their default), **our IGW** (``lin_igw``, the
-  default policy): the policies with default parameters on the dense row (1, z), no hashing or
+  default portfolio's first member): the policies with default parameters on the dense row (1, z), no hashing or
   normalising: what the policy alone does, and what the default features cost.
 - **MABWiser** LinUCB and LinTS (defaults: alpha=1, l2_lambda=1) on (1, z), since it fits no
   intercept of its own; it predicts a whole frozen segment in one call and learns by
@@ -56,8 +58,10 @@ JSON). At B = 200 they run all T (a whole segment is one ``predict``, a batch on
 VW decides and learns one row at a time at any B, so it costs the same at B = 1 and is not
 capped (0.1 ms a step at 10 arms, 0.5-0.65 ms at 100).
 
-A full run (T = 20,000, seeds 0-2, B = 200 and 1) takes about 20-25 minutes on 2 cores, a third
-of it VW (four explorers, one text example per row), a quarter the capped peers; ``--quick``
+A full run (T = 20,000, seeds 0-2, B = 200 and 1) with ``--portfolio`` takes about 28 minutes on
+one core: a third VW (four explorers, one text example per row), a third ours (the default
+portfolio, each row scored by both members before it is learned) and its two members alone, a
+sixth the capped peers; ``--quick``
 (T = 2,000, seed 0, nothing capped) about 80 s. BLAS is limited to one thread: every product here
 is small, and threads only fight each other on a shared machine.
 
@@ -75,12 +79,12 @@ mean over seeds, one panel per environment) to ``OUT/regret-curves.png``, and th
 stdout is one JSON object: ``{"envs": {env: {"B200": {"ours", "best_peer", "best_peer_name",
 "ratio", "variants"}, "B1": {...}}}, "T", "seeds", "held_out", ...}``.
 
-``--portfolio [JSON]`` adds the column "ours portfolio": a domain declared ``policy:
-portfolio`` (with these members, a JSON list; default its default members,
-``learner/policies/portfolio.py``), learning as the learner does and choosing who acts as the
-publisher does: before each batch is learned, every member scores its rows (the models that
-have not learned them) and the paired estimate may switch the acting member. Its regret and
-ratio go under ``variants``, with the switches it made under ``portfolio_switches``.
+``--portfolio [JSON]`` runs each member of a portfolio alone (columns ``m0``, ``m1``, ...) and
+reports under ``portfolio`` in the JSON who the portfolio ended with per seed, its switches and
+``picked_over_best``. Without a value those are the default members, and the portfolio is
+"ours" itself; with other members (a JSON list) it adds the column "ours portfolio": a domain
+declared ``policy: portfolio`` with them, learning and choosing as "ours" does, its regret and
+ratio under ``variants``.
 
 ``--variant NAME:key=value,...`` adds a column of ours with those policy parameters over the
 defaults (JSON values), e.g. ``--variant 'ours+detect:detect=true'``; its regret and ratio to
@@ -456,6 +460,8 @@ class Suite:
         self.acting: dict[tuple[str, int], list[tuple[str, int]]] = defaultdict(list)
         self.shapes: dict[str, str] = {}
         self.plot_batch = PLOT_BATCH if PLOT_BATCH in cfg.batch_sizes else cfg.batch_sizes[0]
+        #: the column whose switches are kept: the default domain is itself the default portfolio
+        self.portfolio_column = "ours portfolio" if any(name == "ours portfolio" for name, _ in cfg.variants) else "ours"
 
     def run(self) -> None:
         cfg = self.cfg
@@ -483,7 +489,7 @@ class Suite:
         regret = run(learner, stream, best, batch, steps)
         seconds = time.perf_counter() - t0
         policy = getattr(learner, "policy", None)
-        if isinstance(policy, Portfolio):
+        if isinstance(policy, Portfolio) and spec.name == self.portfolio_column:
             self.acting[env, batch].append((policy.acting_label, len(policy.switches)))
         self.outcomes[env, batch, spec.name].append(
             Outcome(float(regret.sum()), float(regret[: self.cfg.b1_cap].sum()), steps, seconds)
@@ -634,11 +640,14 @@ class Suite:
         n_seeds = len(self.cfg.seeds)
         dashes = {"ours": "-", "mabwiser": "--", "vw": ":", "contextualbandits": "-."}
         colours = plt.get_cmap("tab10").colors
+        names = {"ours": "ours (the default portfolio)"}
+        names |= {column: f"{column}: {label} alone" for column, label, _ in member_columns(self.cfg.members)}
         for ax, env in zip(axes.flat, envs):
             for i, spec in enumerate(self.specs):
                 curve = self.curves[env][spec.name] / n_seeds
                 style = {"linewidth": 2.4, "color": "black"} if spec.name == "ours" else {"color": colours[i % 10]}
-                ax.plot(np.arange(1, len(curve) + 1), curve, dashes[spec.family], label=spec.name, **style)
+                label = names.get(spec.name, spec.name)
+                ax.plot(np.arange(1, len(curve) + 1), curve, dashes[spec.family], label=label, **style)
             uniform = self.curves[env]["uniform"] / n_seeds
             ax.plot(np.arange(1, len(uniform) + 1), uniform, color="grey", linewidth=0.8, label="uniform random")
             ax.set_title(f"{env} ({self.shapes[env]})" + (", held-out" if env in HELD_OUT else ""), fontsize=9)
@@ -729,7 +738,7 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[SuiteConfig, list[str
         batch_sizes=args.batch_sizes,
         envs=tuple(name for name in envs if name not in unavailable),
         peers=args.peers,
-        variants=tuple(args.variant) + ((("ours portfolio", {"policy": "portfolio", "members": members}),) if members else ()),
+        variants=tuple(args.variant) + ((("ours portfolio", {"policy": "portfolio", "members": members}),) if members and members != PORTFOLIO else ()),
         members=tuple(members),
         out=args.out,
         b1_cap=args.b1_cap,

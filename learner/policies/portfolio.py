@@ -15,8 +15,8 @@ and a user cannot tune on live traffic safely. A portfolio names the settings to
 (:data:`DEFAULT_MEMBERS`): ``lin_igw`` as it comes, and the same forgetting. On stationary
 traffic the first keeps acting, so it decides as ``lin_igw`` would; when the world drifts, the
 log shows the forgetting one doing better and it takes over. Forgetting alone costs stationary
-traffic 1.3-2x the regret; the pair costs it little (README, "Which policy"), for twice the
-update work and state of one member.
+traffic up to 2.3x the regret (wine); the pair costs it 0-6.5 % (README, "Which policy"), for
+twice the update work and state of one member.
 
 **Learning.** Every member learns every row (:meth:`Portfolio.update_batch` passes the batch to
 each), so each member's state is what it would be had it run alone on the same log. Members that
