@@ -21,8 +21,9 @@ library expects them):
   (inverse-gap weighting over UCB scores: alpha=0.3, gamma_t = 300 sqrt(t), floor eps0=0.01,
   ridge prior 1) and the same forgetting (gamma 0.995), ``lin_igw`` acting first; before each
   batch is learned every member scores its rows and the log's paired estimate may switch who
-  acts, as the publisher does. Over the default features (z sent as named numeric features ``{"numeric": {"x0": ..}}``,
-  hashed into 64 slots with an intercept, z-scored by the running normaliser). It decides as the SDK does (``encoder.action_matrix``, then
+  acts, as the publisher does. Over the default features (z sent as named numeric features
+  ``{"numeric": {"x0": ..}}``, hashed into 64 slots with an intercept, z-scored by the running
+  normaliser). It decides as the SDK does (``encoder.action_matrix``, then
   ``policy.probabilities``) and learns as the join and learner do (each row encoded with the
   normaliser as it stands, then observed; one ``update_batch``). This is the headline. Event time
   is one step a second (a row's ``times`` is its step in ms), so ``half_life_s`` counts steps;
@@ -30,8 +31,8 @@ library expects them):
   a no-op unless it forgets by time; at B = 1 that ages every arm every step, which makes a
   half-life variant several times slower than the default there).
 - **our LinUCB**, **our LinTS** (floor eps0=0.05, their default), **our IGW** (``lin_igw``, the
-  default portfolio's first member): the policies with default parameters on the dense row (1, z), no hashing or
-  normalising: what the policy alone does, and what the default features cost.
+  default portfolio's first member): the policies with default parameters on the dense row
+  (1, z), no hashing or normalising: what the policy alone does, and what the features cost.
 - **MABWiser** LinUCB and LinTS (defaults: alpha=1, l2_lambda=1) on (1, z), since it fits no
   intercept of its own; it predicts a whole frozen segment in one call and learns by
   ``partial_fit``; a new arm joins by ``add_arm``.
@@ -61,9 +62,9 @@ capped (0.1 ms a step at 10 arms, 0.5-0.65 ms at 100).
 A full run (T = 20,000, seeds 0-2, B = 200 and 1) with ``--portfolio`` takes about 28 minutes on
 one core: a third VW (four explorers, one text example per row), a third ours (the default
 portfolio, each row scored by both members before it is learned) and its two members alone, a
-sixth the capped peers; ``--quick``
-(T = 2,000, seed 0, nothing capped) about 80 s. BLAS is limited to one thread: every product here
-is small, and threads only fight each other on a shared machine.
+sixth the capped peers; ``--quick`` (T = 2,000, seed 0, nothing capped) about 80 s. BLAS is
+limited to one thread: every product here is small, and threads only fight each other on a
+shared machine.
 
 Run from the repository root::
 
