@@ -103,9 +103,13 @@ class DomainModel:
         if feature_hash and feature_hash != self.feature_hash:
             problems.append(f"feature_hash {feature_hash!r} (configured: {self.feature_hash!r})")
         if problems:
+            hint = ""
+            if policy == "lin_igw" and self.policy == "portfolio" and "policy" not in self.settings.model_fields_set:
+                hint = (" (the domain names no policy: the default was lin_igw and is now a portfolio; "
+                        "set policy = \"lin_igw\" to keep learning on this state)")  # fmt: skip
             raise StateMismatch(
                 f"{where}: state of {key} was learned with {', '.join(problems)}; restore the domain's "
-                "settings, or retire the old state (a new domain name starts fresh)"
+                f"settings, or retire the old state (a new domain name starts fresh){hint}"
             )
 
 

@@ -440,3 +440,27 @@ def test_restarts_at_any_offsets_fold_the_same_blocks_bit_for_bit(tmp_path, bloc
     for trial in range(3):
         restarts = rng.sample(range(1, len(updates)), 5)
         assert fold(tmp_path / f"restarted-{trial}", restarts) == uninterrupted, restarts
+
+
+def test_state_of_the_old_default_policy_is_refused_saying_how_to_keep_it(tmp_path):
+    """A domain that names no policy ran lin_igw; the default is now a portfolio. The learner
+    refuses the old state (it cannot read it as a portfolio) and says how to keep learning on it."""
+    from learner.domain import DomainSettings
+    from learner.policies import make_policy
+    from learner.store import ArmKey, ArmState
+    from streams._learn_shard import StateMismatch
+
+    old = DomainSettings(policy="lin_igw")
+    policy = make_policy("lin_igw", dim=old.features.dimension)
+    policy.update_batch([[1.0] + [0.0] * (old.features.dimension - 1)], ["a"], [1.0])
+    key = ArmKey("default", "main", "route", "a")
+    with PosteriorStore(tmp_path) as store:
+        state = ArmState("lin_igw", old.features.dimension, 1, policy.arm_state_bytes("a"), old.features.config_hash())
+        store.shard(0).apply({key: state}, {("u", 0): 1})
+        for settings, hint in ((DomainSettings(), True), (DomainSettings(policy="portfolio"), False)):
+            shard = ShardLearner(0, "u", {"route": DomainModel.of(settings)}, store.shard(0), block_size=8, window_blocks=4, start=0)
+            with pytest.raises(StateMismatch, match="policy 'lin_igw' \\(configured: 'portfolio'\\)") as refused:
+                shard.load_stored()
+            assert ('set policy = "lin_igw" to keep learning on this state' in str(refused.value)) is hint
+        shard = ShardLearner(0, "u", {"route": DomainModel.of(old)}, store.shard(0), block_size=8, window_blocks=4, start=0)
+        assert shard.load_stored() == 1  # named again, it is learned on
