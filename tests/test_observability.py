@@ -9,8 +9,9 @@
   come from the components' own prometheus_client registries rendered with ``generate_latest``
   (the exposition ``/metrics`` serves), built without a broker: the learner itself (a ``Learner``
   constructs without connecting; it adds its own families to its ``WorkerMetrics``), the join's
-  ``WorkerMetrics``, the publisher's ``PublisherMetrics`` with the gate's ``GateMetrics`` in the
-  same registry (as ``banditstream publish`` builds them), serve's ``ServeMetrics`` with the
+  ``WorkerMetrics``, the publisher's ``PublisherMetrics`` with the gate's ``GateMetrics`` and the
+  portfolio judge's ``PortfolioMetrics`` in the same registry (as ``banditstream publish`` builds
+  them), serve's ``ServeMetrics`` with the
   deciders' ``DeciderMetrics`` (serve merges them into its /metrics) and the pull client's
   ``ClientMetrics``. A labelled family shows no sample until a child exists, so one child of each
   is made first.
@@ -106,6 +107,7 @@ def exported(tmp_path_factory) -> dict[str, set[str]]:
     from banditstream.decider import DeciderMetrics
     from banditstream.serve import ServeMetrics
     from publisher.gate import GateMetrics
+    from publisher.portfolio import PortfolioMetrics
     from publisher.publish import PublisherMetrics
     from publisher.pull import ClientMetrics
     from streams.learn import Learner
@@ -125,8 +127,8 @@ def exported(tmp_path_factory) -> dict[str, set[str]]:
         learner.store.close()
 
     publisher = PublisherMetrics()
-    gate = GateMetrics(publisher.registry)
-    names["publish"] = _exposition_names(publisher.registry, publisher, gate)
+    gate, portfolio = GateMetrics(publisher.registry), PortfolioMetrics(publisher.registry)
+    names["publish"] = _exposition_names(publisher.registry, publisher, gate, portfolio)
 
     serve, decider = ServeMetrics(), DeciderMetrics(registry=None)
     serve.registry.register(_Merged(decider.registry))
@@ -323,7 +325,8 @@ def test_dashboard_structure():
                    "banditstream_late_rewards_total", "banditstream_dead_letters_total", "banditstream_consumer_lag",
                    "banditstream_apply_latency_seconds_bucket", "banditstream_sdk_snapshot_info",
                    "banditstream_sdk_snapshot_age_seconds", 'reason="drift"', "banditstream_serve_requests_total",
-                   "banditstream_serve_request_seconds_bucket"):  # fmt: skip
+                   "banditstream_serve_request_seconds_bucket", "banditstream_portfolio_acting",
+                   "banditstream_portfolio_judged_rows_total"):  # fmt: skip
         assert metric in exprs, metric
 
 
