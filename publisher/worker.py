@@ -49,7 +49,7 @@ from typing import Any
 
 from learner.domain import DomainSettings
 from learner.features import Normalizer
-from learner.policies import FORMAT_MAJOR, Drift, Policy, PolicyError
+from learner.policies import FORMAT_MAJOR, Drift, Policy, PolicyError, Portfolio
 from learner.evaluation.errors import EvaluationError
 from publisher.errors import GuardFailed, PublisherError, VersionConflict
 from publisher.gate import Gate, GateConfig, GateDecision, GateMetrics, nothing_to_gate
@@ -193,15 +193,19 @@ def policy_from_shards(
     settings: DomainSettings, shards: Iterable[Mapping[str, Any]]
 ) -> tuple[Policy, dict[str, Drift], list[SourceOffset], list[str]]:
     """The domain's policy rebuilt from its shards, the learner's drift statistics, the source
-    offsets (per updates partition, the furthest watermark) and warnings for shards left out."""
+    offsets (per updates partition, the furthest watermark) and warnings for shards left out.
+    A portfolio domain takes in state a member's policy learned alone (its model before it
+    became a portfolio) until the learner republishes it as the portfolio's."""
     policy = settings.make_policy()
+    adopts = policy.adopts if isinstance(policy, Portfolio) else lambda name: False
     feature_hash = settings.features.config_hash()
     drift: dict[str, Drift] = {}
     offsets: dict[tuple[str, int], int] = {}
     skipped: list[str] = []
     for shard in shards:
         arm = shard["arm"]
-        if shard["policy"] != settings.policy or shard["dimension"] != settings.features.dimension:
+        adopted = shard["policy"] != settings.policy and adopts(shard["policy"])
+        if (shard["policy"] != settings.policy and not adopted) or shard["dimension"] != settings.features.dimension:
             skipped.append(f"arm {arm!r}: {shard['policy']} at d={shard['dimension']}, the domain is {settings.policy} at d={policy.dim}")
             continue
         if shard["feature_hash"] and shard["feature_hash"] != feature_hash:
@@ -211,7 +215,10 @@ def policy_from_shards(
             skipped.append(f"arm {arm!r}: state major {shard['state_major']}, this code reads {FORMAT_MAJOR}")
             continue
         try:
-            policy.load_arm_state(arm, shard["state"])
+            if adopted:
+                policy.adopt_arm_state(arm, shard["policy"], shard["state"])
+            else:
+                policy.load_arm_state(arm, shard["state"])
         except PolicyError as exc:
             skipped.append(f"arm {arm!r}: state does not load: {exc}")
             continue

@@ -36,6 +36,7 @@ with every model (``reset_time``), so a restart or a rebuild skips the same rows
 from __future__ import annotations
 
 import collections
+import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -45,10 +46,12 @@ import numpy as np
 
 from learner.domain import DomainSettings
 from learner.errors import StoreError
-from learner.policies import Drift, Policy
+from learner.policies import Drift, Policy, PolicyError, Portfolio
 from learner.store import ArmKey, ArmState, Shard
 
 __all__ = ["BEFORE_RESET", "RESET", "BlockStats", "DomainModel", "ModelState", "ShardLearner", "StateMismatch", "Update"]
+
+log = logging.getLogger(__name__)
 
 #: The mode of a model-reset marker (see the module docstring).
 RESET = "reset"
@@ -82,34 +85,35 @@ class DomainModel:
     dimension: int
     feature_hash: str
     shared: bool
+    #: policies whose state this domain's policy takes in (a portfolio: its members' policies)
+    adopts: frozenset[str] = frozenset()
 
     @classmethod
     def of(cls, settings: DomainSettings) -> DomainModel:
+        policy = settings.make_policy()
         return cls(
             settings=settings,
             policy=settings.policy,
             dimension=settings.features.dimension,
             feature_hash=settings.features.config_hash(),
             shared=settings.features.shared,
+            adopts=frozenset(m.name for m in policy.members) if isinstance(policy, Portfolio) else frozenset(),
         )
 
     def check(self, key: ArmKey, policy: str, dimension: int, feature_hash: str, where: str) -> None:
-        """Refuse state learned with another policy, dimension or feature configuration."""
+        """Refuse state learned with another policy (one a portfolio adopts aside), dimension or
+        feature configuration."""
         problems = []
-        if policy != self.policy:
+        if policy != self.policy and policy not in self.adopts:
             problems.append(f"policy {policy!r} (configured: {self.policy!r})")
         if dimension != self.dimension:
             problems.append(f"dimension {dimension} (configured: {self.dimension})")
         if feature_hash and feature_hash != self.feature_hash:
             problems.append(f"feature_hash {feature_hash!r} (configured: {self.feature_hash!r})")
         if problems:
-            hint = ""
-            if policy == "lin_igw" and self.policy == "portfolio" and "policy" not in self.settings.model_fields_set:
-                hint = (" (the domain names no policy: the default was lin_igw and is now a portfolio; "
-                        "set policy = \"lin_igw\" to keep learning on this state)")  # fmt: skip
             raise StateMismatch(
                 f"{where}: state of {key} was learned with {', '.join(problems)}; restore the domain's "
-                f"settings, or retire the old state (a new domain name starts fresh){hint}"
+                "settings, or retire the old state (a new domain name starts fresh)"
             )
 
 
@@ -223,13 +227,18 @@ class ShardLearner:
         States of domains no longer configured stay in the store untouched (and unpublished).
         """
         loaded = 0
+        adopted: collections.Counter[tuple[str, str]] = collections.Counter()
         for key, state in self.shard.arms():
             model = self.domains.get(key.domain)
             if model is None:
                 continue
             model.check(key, state.policy, state.dimension, state.feature_hash, self.shard.name)
-            self._policy(key).load_arm_state(key.arm, state.state)
+            if self._load(key, state.policy, state.state):
+                adopted[key.domain, state.policy] += 1
             loaded += 1
+        for (domain, policy), arms in sorted(adopted.items()):
+            log.info("%s: %d arm(s) of %s state taken into the domain's portfolio (its %s members start from "
+                     "them)", domain, arms, policy, policy)  # fmt: skip
         self._reset_times.update(self.shard.resets())
         return loaded
 
@@ -239,7 +248,8 @@ class ShardLearner:
         """Adopt one published model state (a rebuild from the posterior topic)."""
         model = self.domains[key.domain]
         model.check(key, policy, dimension, feature_hash, f"posterior topic, partition {self.partition}")
-        self._policy(key).load_arm_state(key.arm, state)
+        if self._load(key, policy, state):
+            log.info("%s: %s state from the posterior topic taken into the domain's portfolio", key, policy)
         self._unsaved.add(key)  # the local store does not have it yet
         if reset_time > self._reset_times.get(key[:3], 0):
             # Taking the newest of the models' is exact: a row it skips that an older model's
@@ -455,6 +465,22 @@ class ShardLearner:
         return self.position >= self._persist_from
 
     # -- helpers ---------------------------------------------------------------------------
+
+    def _load(self, key: ArmKey, policy: str, state: bytes) -> bool:
+        """One arm's state into its domain's policy. State of a policy the domain's portfolio
+        adopts (its model before it became a portfolio) is taken in by the members of that
+        policy, then stored and published as the portfolio's at the next chance: True then."""
+        target = self._policy(key)
+        if policy == self.domains[key.domain].policy:
+            target.load_arm_state(key.arm, state)
+            return False
+        try:
+            target.adopt_arm_state(key.arm, policy, state)
+        except PolicyError as exc:
+            raise StateMismatch(f"state of {key} ({policy}) cannot be taken into the domain's portfolio: {exc}") from None
+        self._unsaved.add(key)
+        self.dirty.add(key)
+        return True
 
     def _policy(self, key: ArmKey) -> Policy:
         twd = key[:3]

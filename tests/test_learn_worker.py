@@ -442,25 +442,48 @@ def test_restarts_at_any_offsets_fold_the_same_blocks_bit_for_bit(tmp_path, bloc
         assert fold(tmp_path / f"restarted-{trial}", restarts) == uninterrupted, restarts
 
 
-def test_state_of_the_old_default_policy_is_refused_saying_how_to_keep_it(tmp_path):
-    """A domain that names no policy ran lin_igw; the default is now a portfolio. The learner
-    refuses the old state (it cannot read it as a portfolio) and says how to keep learning on it."""
+def test_state_of_the_old_default_policy_is_taken_into_the_default_portfolio(tmp_path):
+    """A domain that names no policy ran lin_igw; the default is now a portfolio of lin_igw and
+    lin_igw forgetting. Its stored lin_igw state is taken in by both members (and stored and
+    published as the portfolio's next); a domain whose policy has no lin_igw member refuses it."""
     from learner.domain import DomainSettings
     from learner.policies import make_policy
     from learner.store import ArmKey, ArmState
     from streams._learn_shard import StateMismatch
 
     old = DomainSettings(policy="lin_igw")
-    policy = make_policy("lin_igw", dim=old.features.dimension)
-    policy.update_batch([[1.0] + [0.0] * (old.features.dimension - 1)], ["a"], [1.0])
-    key = ArmKey("default", "main", "route", "a")
+    dim = old.features.dimension
+    policy = make_policy("lin_igw", dim=dim)
+    policy.update_batch([[1.0] + [0.5] * (dim - 1)] * 3, ["a", "a", "b"], [1.0, 0.8, 0.1])
+    keys = {arm: ArmKey("default", "main", "route", arm) for arm in ("a", "b")}
     with PosteriorStore(tmp_path) as store:
-        state = ArmState("lin_igw", old.features.dimension, 1, policy.arm_state_bytes("a"), old.features.config_hash())
-        store.shard(0).apply({key: state}, {("u", 0): 1})
-        for settings, hint in ((DomainSettings(), True), (DomainSettings(policy="portfolio"), False)):
-            shard = ShardLearner(0, "u", {"route": DomainModel.of(settings)}, store.shard(0), block_size=8, window_blocks=4, start=0)
-            with pytest.raises(StateMismatch, match="policy 'lin_igw' \\(configured: 'portfolio'\\)") as refused:
+        states = {keys[arm]: ArmState("lin_igw", dim, policy.update_count(arm), policy.arm_state_bytes(arm), old.features.config_hash())
+                  for arm in keys}  # fmt: skip
+        store.shard(0).apply(states, {("u", 0): 3})
+        for refusing in (DomainSettings(policy="lin_ucb"), DomainSettings(policy="portfolio", params={"members": [
+                {"policy": "lin_ucb"}, {"policy": "lin_ts"}]})):  # fmt: skip
+            shard = ShardLearner(0, "u", {"route": DomainModel.of(refusing)}, store.shard(0), block_size=8, window_blocks=4, start=0)
+            with pytest.raises(StateMismatch, match="policy 'lin_igw'"):
                 shard.load_stored()
-            assert ('set policy = "lin_igw" to keep learning on this state' in str(refused.value)) is hint
-        shard = ShardLearner(0, "u", {"route": DomainModel.of(old)}, store.shard(0), block_size=8, window_blocks=4, start=0)
-        assert shard.load_stored() == 1  # named again, it is learned on
+
+        default = DomainSettings()
+        shard = ShardLearner(0, "u", {"route": DomainModel.of(default)}, store.shard(0), block_size=8, window_blocks=4, start=3)
+        assert shard.load_stored() == 2
+        portfolio = shard._policies[("default", "main", "route")]  # noqa: SLF001
+        for arm in keys:  # both members start from the arm's lin_igw state, bit for bit
+            assert [m.arm_state_bytes(arm) for m in portfolio.members] == [policy.arm_state_bytes(arm)] * 2
+        assert shard.dirty == set(keys.values())  # published as the portfolio's at the next chance
+        published = {m.key.arm: m.state for m in shard.snapshot(sorted(shard.dirty))}
+        assert {state.policy for state in published.values()} == {"portfolio"}
+        # learning goes on from there; the block it closes (offsets 0-7) stores the portfolio's state
+        x = [1.0] + [0.5] * (dim - 1)
+        for offset in range(3, 8):
+            shard.feed(offset, Update(offset, f"e{offset}", keys["a"], x, 1.0, 1.0, "live"))
+        assert {state.policy for _, state in store.shard(0).arms()} == {"portfolio"}
+        assert portfolio.members[0].update_count("a") == policy.update_count("a") + 5
+        learned = portfolio.arm_state_bytes("a")
+
+    with PosteriorStore(tmp_path) as store:  # and a restarted learner reads it as the portfolio's
+        shard = ShardLearner(0, "u", {"route": DomainModel.of(DomainSettings())}, store.shard(0), block_size=8, window_blocks=4, start=8)
+        assert shard.load_stored() == 2 and shard.dirty == set()
+        assert shard._policies[("default", "main", "route")].arm_state_bytes("a") == learned  # noqa: SLF001

@@ -545,6 +545,33 @@ def test_posterior_table_keeps_the_latest_state_per_arm_and_skips_foreign_shards
     assert len(skipped) == 1 and "medium" in skipped[0] and "features" in skipped[0]
 
 
+def test_a_default_domain_takes_in_the_lin_igw_state_it_had_before_the_default_was_a_portfolio():
+    """Until the learner republishes them as the portfolio's, the posterior topic holds the
+    domain's lin_igw states: the snapshot takes them in (both members start from them) rather
+    than leaving the arms out; a policy of another kind is still left out, with a warning."""
+    from learner.domain import DomainSettings
+    from learner.policies import Portfolio, make_policy
+    from publisher.worker import policy_from_shards
+
+    default = DomainSettings(features={"dimension": DIM})
+    old = make_policy("lin_igw", dim=DIM)
+    other = make_policy("lin_ucb", dim=DIM)
+    rng = np.random.default_rng(2)
+    for model in (old, other):
+        model.update_batch(rng.normal(size=(20, DIM)), ["a", "b"] * 10, rng.random(20))
+
+    def shard(arm, model):
+        return {"arm": arm, "policy": model.name, "dimension": DIM, "state": model.arm_state_bytes(arm), "state_major": 1,
+                "update_count": model.update_count(arm), "watermark": [{"topic": "u", "partition": 0, "offset": 20}],
+                "feature_hash": "", "drift_trace": 0.0, "drift_norm": 0.0}  # fmt: skip
+
+    policy, _, offsets, skipped = policy_from_shards(default, [shard("a", old), shard("b", other)])
+    assert isinstance(policy, Portfolio) and policy.arm_ids() == ["a"]
+    assert [m.arm_state_bytes("a") for m in policy.members] == [old.arm_state_bytes("a")] * 2
+    assert len(skipped) == 1 and "arm 'b': lin_ucb" in skipped[0]
+    assert [tuple(o) for o in offsets] == [("u", 0, 20)]
+
+
 @pytest.mark.parametrize("module", ["snapshot", "guards", "signing", "stores", "repository", "publish"])
 def test_docstring_examples_run(module):
     import doctest

@@ -626,6 +626,28 @@ class Portfolio(Policy):
                     self.members[i].load_arm_state(canon, held[i])
             raise
 
+    def adopts(self, policy: str) -> bool:
+        """Whether :meth:`adopt_arm_state` takes an arm state learned by ``policy`` alone."""
+        return any(member.name == policy for member in self.members)
+
+    def adopt_arm_state(self, arm: Any, policy: str, data: bytes) -> None:
+        """One arm's state learned by ``policy`` alone (the domain's model before it became this
+        portfolio, e.g. ``lin_igw`` when that was the default): every member of that policy takes
+        it as its own (one that forgets forgets from there on), the others start the arm at their
+        prior. All or nothing; StateFormatError when no member is of that policy or the state
+        does not fit them."""
+        takers = [i for i, member in enumerate(self.members) if member.name == policy]
+        if not takers:
+            raise StateFormatError(f"no member of this portfolio is a {policy!r} ({', '.join(self.labels)})")
+        canon = canonical_arm(arm)
+        for i in takers:  # on a scratch copy first: a state that does not fit changes nothing
+            member = self.members[i]
+            type(member)(**member.get_params()).load_arm_state(canon, data)
+        for i in takers:
+            self.members[i].load_arm_state(canon, data)
+        for member in self.members:
+            member._slot_of(canon)  # the arm exists in every member, at its prior where not taken
+
 
 def _learns_like(member: Policy) -> tuple | None:
     """What decides a per-arm linear member's learning (its class's learning code is
