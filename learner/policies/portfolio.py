@@ -16,7 +16,9 @@ and a user cannot tune on live traffic safely. A portfolio names the settings to
 traffic the first keeps acting, so it decides as ``lin_igw`` would; when the world drifts, the
 log shows the forgetting one doing better and it takes over. Forgetting alone costs stationary
 traffic up to 2.3x the regret (wine); the pair costs it 0-6.5 % (README, "Which policy"), for
-twice the update work and state of one member.
+twice the update work and state of one member. A domain that ran ``lin_igw`` when that was the
+default keeps what it learned: the learner and the publisher take its state in
+(:meth:`Portfolio.adopt_arm_state`).
 
 **Learning.** Every member learns every row (:meth:`Portfolio.update_batch` passes the batch to
 each), so each member's state is what it would be had it run alone on the same log. Members that
