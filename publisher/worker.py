@@ -404,7 +404,7 @@ class _PublisherWorker:
         policy, drift, offsets, skipped = policy_from_shards(self.config.domains[domain], self.table.shards(domain))
         for warning in skipped:
             log.warning("%s: shard left out of the snapshot: %s", domain, warning)
-        if self._unchanged(domain, offsets):
+        if self._unchanged(domain, policy, offsets):
             return
         if self.judge is not None:
             try:
@@ -450,15 +450,21 @@ class _PublisherWorker:
                 continue
             self.stats.gate_decisions.append(decision)
 
-    def _unchanged(self, domain: str, offsets: list[SourceOffset]) -> bool:
-        """The newest published version already holds exactly these offsets (e.g. after a restart)."""
+    def _unchanged(self, domain: str, policy: Policy, offsets: list[SourceOffset]) -> bool:
+        """The newest published version already holds this state (e.g. after a restart): the
+        same offsets, arms and samples. Offsets alone do not say it: one emission of the
+        learner (every model it changed, all with its watermark) can reach this worker in two
+        reads, and the models of the second are new with the offsets of the first."""
         try:
             latest = self.publisher.repository(domain).latest()
         except PublisherError:
             return False
         if latest is None or latest.custom.get("derived_from") is not None or not offsets:
             return False
-        return latest.custom.get("source_offsets") == [o._asdict() for o in offsets]
+        arms = policy.arm_ids()
+        return (latest.custom.get("source_offsets") == [o._asdict() for o in offsets]
+                and latest.custom.get("arms") == len(arms)
+                and latest.custom.get("samples") == sum(policy.update_count(arm) for arm in arms))  # fmt: skip
 
     def _refresh_metadata(self) -> None:
         if time.monotonic() - self._last_refresh < self.settings.refresh_every_seconds:
@@ -490,7 +496,7 @@ def run_publisher(
     check_topics(config.kafka, config.topics)  # a broker away or refusing the credentials: said now
     worker = _PublisherWorker(config, settings, metrics, publish_now)
     log.info(
-        "publisher for %s/%s: domains %s, every %d updates or %.0fs, to %s",
+        "publisher for %s/%s: domains %s, every %d updates or %gs, to %s",
         config.tenant, config.workspace, ", ".join(sorted(config.domains)), settings.every_updates,
         settings.every_seconds, settings.store.location,
     )  # fmt: skip

@@ -407,14 +407,14 @@ def worker_config(kafka, topics, tmp_path, domain_settings):
     )  # fmt: skip
 
 
-def produce_posteriors(kafka, topics, domain_settings, learner, *, offset: int = 100) -> None:
+def produce_posteriors(kafka, topics, domain_settings, learner, *, offset: int = 100, arms=None) -> None:
     """One posterior record per arm of ``learner`` (arm i from updates partition i, watermark
-    ``offset + i``), and one of a domain nobody configured."""
+    ``offset + i``; or ``arms``: {arm: partition}), and one of a domain nobody configured."""
     from streams.serde import AvroSerde
 
     serde = AvroSerde("posterior", framing="single_object")
     producer = EventProducer(kafka)
-    for partition, arm in enumerate(ARMS):
+    for arm, partition in (arms or {arm: i for i, arm in enumerate(ARMS)}).items():
         drift = learner.drift(arm)
         record = {
             "tenant": "default", "workspace": "main", "domain": "route", "arm": arm, "policy": "lin_ts",
@@ -500,6 +500,39 @@ def test_worker_without_timers_publishes_when_asked_and_only_what_is_new(kafka, 
         assert [str(v.version) for v in Publisher(store, keys, root, domains={"route": domain_settings}).repository("route").versions()] == ["1.0.0"]
         publish_now.set()
         wait_until(lambda: client(store, tmp_path, root).refresh().snapshot.samples == 450, 60, "the newer state when asked", 0.05)
+    finally:
+        stop.set()
+        thread.join(timeout=30)
+    assert out["stats"].published == [("route", "1.0.0"), ("route", "1.0.1")]
+
+
+def test_state_arriving_after_a_publish_with_the_same_watermark_is_published(kafka, topics, tmp_path, keys, root):
+    """A learner's emission can reach the publisher in two reads (large states, a busy broker):
+    arms learned up to the same watermark as the snapshot just published are new state all the
+    same, and are published (a check meant for restarts once took equal offsets for nothing new,
+    and the domain stalled until more traffic came)."""
+    ensure_topics(kafka, topics)
+    domain_settings = settings()
+    config = worker_config(kafka, topics, tmp_path, domain_settings)
+    store = DirectoryStore(tmp_path / "repo")
+    stop, publish_now, out = threading.Event(), threading.Event(), {}
+    publisher_settings = PublisherSettings(store, keys, root, config=PublisherConfig(guards=GuardConfig(min_samples=1)),
+                                           every_updates=1 << 40, every_seconds=1e9, poll_timeout=0.1)  # fmt: skip
+    metrics = PublisherMetrics()
+    thread = threading.Thread(target=lambda: out.update(
+        stats=run_publisher(config, publisher_settings, stop=stop, metrics=metrics, publish_now=publish_now)))  # fmt: skip
+    thread.start()
+    learner = learn(domain_settings.make_policy(), n=300)
+    read = lambda: metrics.registry.get_sample_value("banditstream_publisher_learned_updates", {"domain": "route"})  # noqa: E731
+    try:
+        produce_posteriors(kafka, topics, domain_settings, learner, arms={"small": 0})
+        wait_until(lambda: read() == 100, 60, "the publisher to read the first arm", 0.05)
+        publish_now.set()
+        wait_until(lambda: store.exists("default/main/route/metadata/timestamp.json"), 60, "a publish when asked", 0.05)
+        produce_posteriors(kafka, topics, domain_settings, learner, arms={"medium": 0})  # the same watermark
+        wait_until(lambda: read() == 200, 60, "the publisher to read the second arm", 0.05)
+        publish_now.set()
+        wait_until(lambda: client(store, tmp_path, root).refresh().snapshot.samples == 200, 60, "the second arm published", 0.05)
     finally:
         stop.set()
         thread.join(timeout=30)
