@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import faulthandler
 import json
+import logging
 import os
 import signal
 import sys
@@ -222,6 +223,8 @@ def publish() -> None:
     from publisher.worker import run_publisher
 
     settings = _process_settings("publish")
+    if not logging.getLogger().handlers:  # a line per publish, timestamped, as the learner logs
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())  # finish the current publish, then leave
