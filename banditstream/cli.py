@@ -25,7 +25,7 @@ from rich.table import Table
 from banditstream.config import ConfigError, Settings, load_settings
 from banditstream.demo import DemoError
 from banditstream.devstack import LocalStack, StackError
-from learner.errors import StateDirLocked
+from learner.errors import StateDirLocked, StoreError
 from learner.evaluation.errors import EvaluationError
 from streams.errors import BanditstreamError
 from streams.topics import TopicError, ensure_topics
@@ -47,7 +47,7 @@ console = Console()
 err_console = Console(stderr=True)
 
 DEFAULT_DEV_DIR = ".banditstream/dev"
-EXPECTED_ERRORS = (ConfigError, StackError, TopicError, BanditstreamError, DemoError, StateDirLocked, EvaluationError)
+EXPECTED_ERRORS = (ConfigError, StackError, TopicError, BanditstreamError, DemoError, StateDirLocked, StoreError, EvaluationError)
 DEMO_DOMAINS = ("llm_routing", "support_templates")
 #: The packages of pyproject's extras (the base install is the SDK and this CLI): a command that
 #: needs one that is not installed says which extra to install, in one line.

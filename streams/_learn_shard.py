@@ -472,7 +472,10 @@ class ShardLearner:
         policy, then stored and published as the portfolio's at the next chance: True then."""
         target = self._policy(key)
         if policy == self.domains[key.domain].policy:
-            target.load_arm_state(key.arm, state)
+            try:
+                target.load_arm_state(key.arm, state)
+            except PolicyError as exc:
+                raise StateMismatch(f"state of {key} does not load into the domain's {policy}: {exc}") from None
             return False
         try:
             target.adopt_arm_state(key.arm, policy, state)

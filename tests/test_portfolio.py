@@ -367,3 +367,15 @@ def test_the_default_domain_decides_as_lin_igw_on_stationary_traffic_and_hands_o
         alone, _ = _play_default(make_policy("lin_igw", dim=dim, seed=1), z, means)
         assert portfolio.acting_label == "lin_igw(gamma=0.995)", (seed, portfolio.switches)
         assert regret < 0.6 * alone, (seed, regret, alone)
+
+
+def test_state_of_other_members_is_refused_saying_how_to_keep_it():
+    """The default members changed: a domain that named ``policy: portfolio`` without members
+    learned with the old four; its arm states name them, and loading says to name them."""
+    old = make_policy("portfolio", dim=3, members=PAIRS)
+    old.update_batch(np.ones((2, 3)), ["a", "b"], [1.0, 0.0])
+    with pytest.raises(StateFormatError, match="name those members in params.members to keep it"):
+        make_policy("portfolio", dim=3).load_arm_state("a", old.arm_state_bytes("a"))
+    named = make_policy("portfolio", dim=3, members=PAIRS)
+    named.load_arm_state("a", old.arm_state_bytes("a"))
+    assert named.arm_state_bytes("a") == old.arm_state_bytes("a")

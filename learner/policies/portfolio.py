@@ -613,7 +613,8 @@ class Portfolio(Policy):
         header, arrays = _decode(data)
         canon = self._check_arm_header(header, arm)
         if header.get("members") != self.labels:
-            raise StateFormatError(f"state was learned by members {header.get('members')!r}, this portfolio has {self.labels!r}")
+            raise StateFormatError(f"state was learned by members {header.get('members')!r}, this portfolio has {self.labels!r}; "
+                                   "name those members in params.members to keep it (the default members changed on 2026-11-28)")  # fmt: skip
         self._check_carried(arrays)
         held = [member.arm_state_bytes(canon) if canon in member._slot else None for member in self.members]
         done: list[int] = []
