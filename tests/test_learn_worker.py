@@ -487,3 +487,31 @@ def test_state_of_the_old_default_policy_is_taken_into_the_default_portfolio(tmp
         shard = ShardLearner(0, "u", {"route": DomainModel.of(DomainSettings())}, store.shard(0), block_size=8, window_blocks=4, start=8)
         assert shard.load_stored() == 2 and shard.dirty == set()
         assert shard._policies[("default", "main", "route")].arm_state_bytes("a") == learned  # noqa: SLF001
+
+
+def test_a_learner_refuses_state_of_another_policy_in_one_line(kafka, topics, tmp_path):
+    """`banditstream learn` over a state dir whose model was learned with another policy than
+    the domain's: one line naming both and what to do, exit 2 (as every refused input), no traceback."""
+    from learner.policies import make_policy
+    from learner.store import ArmKey, ArmState
+
+    ensure_topics(kafka, topics)
+    settings = h.domain_settings()["route"]
+    other = make_policy("lin_ucb", dim=h.DIM)
+    other.update_batch([[1.0] * h.DIM], ["gpt"], [1.0])
+    state_dir = tmp_path / "state"
+    with PosteriorStore(state_dir / "learn") as store:  # where the learner keeps its store
+        state = ArmState("lin_ucb", h.DIM, 1, other.arm_state_bytes("gpt"), settings.features.config_hash())
+        store.shard(0).apply({ArmKey("default", "main", "route", "gpt"): state}, {(topics.updates, 0): 0})  # offset 0: the log's start
+    config = h.write_config(tmp_path / "learn.json", kafka, topics, state_dir, free_port())
+    log = tmp_path / "learn.log"
+    learner = h.start_learner(config, log)
+    try:
+        code = learner.wait(timeout=120)
+    finally:
+        if learner.poll() is None:
+            learner.kill()
+    text = log.read_text()
+    errors = [line for line in text.splitlines() if line.startswith("error:")]
+    assert code == 2 and "Traceback" not in text, text[-3000:]
+    assert len(errors) == 1 and "policy 'lin_ucb' (configured: 'lin_ts')" in errors[0], text[-3000:]
