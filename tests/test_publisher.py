@@ -3,6 +3,8 @@ restore, the CLI's library calls and the worker over the real broker."""
 
 from __future__ import annotations
 
+import contextlib
+
 import dataclasses
 import json
 import logging
@@ -465,10 +467,11 @@ def test_worker_publishes_snapshots_from_the_posterior_topic(kafka, topics, tmp_
     assert target_name("1.0.0") in {e.path for e in Publisher(store, keys, root, domains={"route": domain_settings}).repository("route").versions()}
 
 
-def test_worker_without_timers_publishes_when_asked_and_only_what_is_new(kafka, topics, tmp_path, keys, root):
-    """``publish_now`` (SIGUSR2 in ``banditstream publish``): with both timers out of reach,
-    nothing is published until it is set; then every domain with new learning, once; asked
-    again with nothing new, nothing."""
+@contextlib.contextmanager
+def publisher_on_request(kafka, topics, tmp_path, keys, root):
+    """A publisher worker in a thread with both timers out of reach: it publishes only when
+    ``publish_now`` is set. Yields (domain settings, store, publish_now, the learned-updates
+    gauge as a function, the dict its stats land in once it has stopped)."""
     ensure_topics(kafka, topics)
     domain_settings = settings()
     config = worker_config(kafka, topics, tmp_path, domain_settings)
@@ -480,9 +483,20 @@ def test_worker_without_timers_publishes_when_asked_and_only_what_is_new(kafka, 
     thread = threading.Thread(target=lambda: out.update(
         stats=run_publisher(config, publisher_settings, stop=stop, metrics=metrics, publish_now=publish_now)))  # fmt: skip
     thread.start()
+    read = lambda: metrics.registry.get_sample_value("banditstream_publisher_learned_updates", {"domain": "route"})  # noqa: E731
     try:
+        yield domain_settings, store, publish_now, read, out
+    finally:
+        stop.set()
+        thread.join(timeout=30)
+
+
+def test_worker_without_timers_publishes_when_asked_and_only_what_is_new(kafka, topics, tmp_path, keys, root):
+    """``publish_now`` (SIGUSR2 in ``banditstream publish``): with both timers out of reach,
+    nothing is published until it is set; then every domain with new learning, once; asked
+    again with nothing new, nothing."""
+    with publisher_on_request(kafka, topics, tmp_path, keys, root) as (domain_settings, store, publish_now, read, out):
         produce_posteriors(kafka, topics, domain_settings, learn(domain_settings.make_policy(), n=300))
-        read = lambda: metrics.registry.get_sample_value("banditstream_publisher_learned_updates", {"domain": "route"})  # noqa: E731
         wait_until(lambda: read() == 300, 60, "the publisher to read the posteriors", 0.05)
         time.sleep(1.0)  # several polls: the timers would have fired by now if they could
         assert not store.exists("default/main/route/metadata/timestamp.json")
@@ -500,9 +514,6 @@ def test_worker_without_timers_publishes_when_asked_and_only_what_is_new(kafka, 
         assert [str(v.version) for v in Publisher(store, keys, root, domains={"route": domain_settings}).repository("route").versions()] == ["1.0.0"]
         publish_now.set()
         wait_until(lambda: client(store, tmp_path, root).refresh().snapshot.samples == 450, 60, "the newer state when asked", 0.05)
-    finally:
-        stop.set()
-        thread.join(timeout=30)
     assert out["stats"].published == [("route", "1.0.0"), ("route", "1.0.1")]
 
 
@@ -511,20 +522,8 @@ def test_state_arriving_after_a_publish_with_the_same_watermark_is_published(kaf
     arms learned up to the same watermark as the snapshot just published are new state all the
     same, and are published (a check meant for restarts once took equal offsets for nothing new,
     and the domain stalled until more traffic came)."""
-    ensure_topics(kafka, topics)
-    domain_settings = settings()
-    config = worker_config(kafka, topics, tmp_path, domain_settings)
-    store = DirectoryStore(tmp_path / "repo")
-    stop, publish_now, out = threading.Event(), threading.Event(), {}
-    publisher_settings = PublisherSettings(store, keys, root, config=PublisherConfig(guards=GuardConfig(min_samples=1)),
-                                           every_updates=1 << 40, every_seconds=1e9, poll_timeout=0.1)  # fmt: skip
-    metrics = PublisherMetrics()
-    thread = threading.Thread(target=lambda: out.update(
-        stats=run_publisher(config, publisher_settings, stop=stop, metrics=metrics, publish_now=publish_now)))  # fmt: skip
-    thread.start()
-    learner = learn(domain_settings.make_policy(), n=300)
-    read = lambda: metrics.registry.get_sample_value("banditstream_publisher_learned_updates", {"domain": "route"})  # noqa: E731
-    try:
+    with publisher_on_request(kafka, topics, tmp_path, keys, root) as (domain_settings, store, publish_now, read, out):
+        learner = learn(domain_settings.make_policy(), n=300)
         produce_posteriors(kafka, topics, domain_settings, learner, arms={"small": 0})
         wait_until(lambda: read() == 100, 60, "the publisher to read the first arm", 0.05)
         publish_now.set()
@@ -533,9 +532,6 @@ def test_state_arriving_after_a_publish_with_the_same_watermark_is_published(kaf
         wait_until(lambda: read() == 200, 60, "the publisher to read the second arm", 0.05)
         publish_now.set()
         wait_until(lambda: client(store, tmp_path, root).refresh().snapshot.samples == 200, 60, "the second arm published", 0.05)
-    finally:
-        stop.set()
-        thread.join(timeout=30)
     assert out["stats"].published == [("route", "1.0.0"), ("route", "1.0.1")]
 
 
