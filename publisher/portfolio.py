@@ -11,10 +11,11 @@ At each publish of a portfolio domain (:meth:`PortfolioJudge.judge`):
    a consumer group of its own) that the new snapshot has learned and the previous one had not:
    on each updates partition, the offsets from the previous snapshot's watermark up to the new
    one's. Each row is judged once, by models that had not learned it (progressive validation).
-2. **Scored by the previous snapshot's members**, each with its own decide step, on the row's
-   context and candidates: their probabilities of the logged action, the row's logged
-   propensity and its reward go into the evidence (``Portfolio.observe``). Before the first
-   snapshot, by the members at their priors.
+2. **Scored by the previous snapshot's members**, each with its own decide step and model, on
+   the row's context and candidates: their probabilities and predicted rewards of every
+   candidate, the row's logged propensity and its reward go into the evidence
+   (``Portfolio.observe``, a doubly robust estimate). Before the first snapshot, by the members
+   at their priors.
 3. **Carried and chosen.** The new policy takes the previous snapshot's acting member and
    evidence, adds the rows', and switches when a challenger's lower bound beats the acting
    member (``Portfolio.select``). The snapshot carries the evidence, the acting member and the
@@ -43,7 +44,7 @@ from typing import Any
 import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from learner.evaluation import Fixed, LoggedBandit
+from learner.evaluation import LoggedBandit, logged_choices
 from learner.policies import Policy, Portfolio
 from publisher.errors import PublisherError
 from publisher.snapshot import Snapshot, SourceOffset
@@ -181,12 +182,9 @@ class PortfolioJudge:
             logged = LoggedBandit.from_updates(rows, domain=domain, tenant=self.log.tenant, workspace=self.log.workspace)
             judged = len(logged)
             if judged:
-                pi = np.column_stack([
-                    Fixed(member, seed=self.seed).action_dist(logged)[np.arange(judged), logged.action]
-                    for member in scorer.members
-                ])  # fmt: skip
-                policy.observe(pi, logged.pscore, logged.reward)
-                switch = policy.select()
+                candidates, chosen = logged_choices(logged, range(judged))
+                switch = policy.judge(logged.context, candidates, chosen, logged.pscore, logged.reward, scored_by=scorer,
+                                      rng=self.seed)  # fmt: skip
         verdict = Verdict(domain, judged, policy.acting_label, switch, policy.estimates())
         self._pending[domain] = verdict
         return verdict

@@ -82,7 +82,7 @@ def test_a_progressive_portfolio_chooses_who_acts_from_the_log_as_the_publisher_
     log = logged(1200)
     poor = {"policy": "lin_ucb", "alpha": 0.5, "eps0": 0.9, "label": "poor"}
     sound = {"policy": "lin_ucb", "alpha": 0.5, "eps0": 0.05}
-    dist = Progressive("portfolio", {"members": [poor, sound]}, batch_size=50).action_dist(log)
+    dist = Progressive("portfolio", {"members": [poor, sound], "min_rows": 200}, batch_size=50).action_dist(log)
     alone = {name: Progressive("lin_ucb", {k: v for k, v in spec.items() if k not in ("policy", "label")}, batch_size=50).action_dist(log)
              for name, spec in (("poor", poor), ("sound", sound))}  # fmt: skip
     np.testing.assert_array_equal(dist[:200], alone["poor"][:200])  # the first member acts until the log says otherwise

@@ -15,7 +15,7 @@ import pytest
 
 from learner.domain import DomainSettings
 from learner.policies import Policy, Portfolio, StateFormatError, make_policy
-from learner.policies.portfolio import describe_state
+from learner.policies.portfolio import DEFAULT_MIN_ROWS, SWITCH_WEIGHT, describe_state
 
 ARMS = ["a", "b", "c"]
 GOOD = {"policy": "lin_ucb", "alpha": 0.1, "eps0": 0.05}
@@ -91,20 +91,40 @@ def test_every_member_learns_exactly_as_it_would_alone(members):
     assert mine.probabilities.tolist() == its.probabilities.tolist() and mine[1:] == its[1:]
 
 
-def test_the_paired_gain_and_its_bound_are_the_sums_checked_by_hand():
+def test_the_paired_doubly_robust_gain_and_its_bound_are_the_sums_checked_by_hand():
     portfolio = make_policy("portfolio", dim=2, members=[GOOD, POOR, {"policy": "lin_igw"}], min_rows=1, level=0.9)
     rng = np.random.default_rng(3)
-    pi1, p1, r1 = rng.uniform(0.05, 1, (50, 3)), rng.uniform(0.1, 1, 50), rng.normal(1.0, 1.0, 50)
-    pi2, p2, r2 = rng.uniform(0.05, 1, (30, 3)), rng.uniform(0.1, 1, 30), rng.normal(1.0, 1.0, 30)
-    portfolio.observe(pi1, p1, r1)
-    portfolio.observe(pi2, p2, r2)
-    # by hand: the baseline of a call is the mean reward of the rows before it
-    w = np.vstack([pi1 / p1[:, None], pi2 / p2[:, None]])
-    r = np.r_[r1, r2]
-    centred = r - np.r_[np.zeros(50), np.full(30, r1.mean())]
+
+    def rows(n: int) -> tuple[np.ndarray, ...]:
+        pi = rng.dirichlet(np.ones(4), size=(n, 3))  # 3 members, 4 candidates
+        k = rng.integers(0, 4, n)
+        p = rng.uniform(0.02, 1, n)  # some weights past SWITCH_WEIGHT
+        r = rng.normal(1.0, 1.0, n)
+        rhat = rng.normal(1.0, 0.5, (n, 3, 4))
+        rhat[np.arange(n), 2, k] = r + rng.normal(0, 0.1, n)  # member 2 predicts the logged rewards best
+        return pi, rhat, k, p, r
+
+    first, second = rows(50), rows(30)
+    portfolio.observe(*first)
+    assert portfolio.reward_model() == 2  # the least (decayed) squared error after the first call
+    portfolio.observe(*second)
+    # by hand: a call's reward model is chosen by the rows before it (the acting member's before any)
+    values = []
+    for (pi, rhat, k, p, r), model in ((first, 0), (second, 2)):
+        n = len(r)
+        w = pi[np.arange(n), :, k] / p[:, None]
+        for i in range(n):
+            values.append([
+                pi[i, m] @ rhat[i, model] + (w[i, m] if w[i, m] <= SWITCH_WEIGHT else 0.0) * (r[i] - rhat[i, model, k[i]])
+                for m in range(3)
+            ])  # fmt: skip
+    values = np.array(values)
+    assert (np.r_[first[3], second[3]] < 1 / SWITCH_WEIGHT).any()  # the switch was exercised
+    w = np.vstack([pi[np.arange(len(r)), :, k] / p[:, None] for pi, _, k, p, r in (first, second)])
+    r = np.r_[first[4], second[4]]
     z = NormalDist().inv_cdf(0.9)
     for m, estimate in enumerate(portfolio.estimates()):
-        d = (w[:, m] - w[:, 0]) * centred
+        d = values[:, m] - values[:, 0]
         se = math.sqrt(max((d * d).mean() - d.mean() ** 2, 0.0) / len(d))
         assert estimate["gain"] == pytest.approx(d.mean(), abs=1e-12)
         assert estimate["lower"] == pytest.approx(d.mean() - z * se, abs=1e-12)
@@ -117,8 +137,26 @@ def test_the_paired_gain_and_its_bound_are_the_sums_checked_by_hand():
         assert switch is not None and switch["to"] == portfolio.labels[best]
 
 
+def test_the_doubly_robust_gain_is_unbiased_for_the_members_true_difference():
+    """Fixed members and a fixed (wrong) reward model over many logged rows: the mean paired
+    value difference converges to the exact difference of the members' expected rewards."""
+    portfolio = make_policy("portfolio", dim=2, members=[GOOD, POOR], min_rows=1, level=0.9)
+    rng = np.random.default_rng(11)
+    n, K = 200_000, 3
+    mu = np.array([0.2, 0.5, 0.9])
+    logging = np.array([0.6, 0.3, 0.1])
+    pi = np.broadcast_to(np.array([[0.7, 0.2, 0.1], [0.1, 0.1, 0.8]]), (n, 2, K)).copy()
+    k = rng.choice(K, size=n, p=logging)
+    r = mu[k] + rng.normal(0, 0.3, n)
+    rhat = np.broadcast_to(np.array([0.5, 0.5, 0.3]), (n, 2, K)).copy()  # wrong, the same for both members
+    portfolio.observe(pi, rhat, k, logging[k], r)
+    truth = pi[0, 1] @ mu - pi[0, 0] @ mu
+    gain = portfolio.estimates()[1]["gain"]
+    assert abs(gain - truth) < 0.01 and portfolio.estimates()[1]["lower"] < gain
+
+
 def test_a_clearly_better_member_takes_over_and_the_switch_is_recorded():
-    portfolio = make_policy("portfolio", dim=3, seed=2, members=[POOR, GOOD])
+    portfolio = make_policy("portfolio", dim=3, seed=2, members=[POOR, GOOD], min_rows=200)
     assert portfolio.acting_label == "poor"
     rewards = play(portfolio, 3000)
     assert portfolio.acting_label == portfolio.labels[1]
@@ -142,9 +180,9 @@ def test_nothing_switches_before_min_rows():
 
 
 def test_with_many_arms_nothing_switches_before_min_rows_per_arm_each():
-    """The default 20 a row with 3 arms is below min_rows; 1,000 a row waits for 3,000 rows."""
-    assert make_policy("portfolio", dim=3, members=[POOR, GOOD]).rows_before_switching() == 200
-    portfolio = make_policy("portfolio", dim=3, seed=2, members=[POOR, GOOD], min_rows_per_arm=1000)
+    """The default 20 a row with 3 arms is below min_rows; 1,000 a row waits for 3,000 rows (min_rows 200)."""
+    assert make_policy("portfolio", dim=3, members=[POOR, GOOD]).rows_before_switching() == DEFAULT_MIN_ROWS
+    portfolio = make_policy("portfolio", dim=3, seed=2, members=[POOR, GOOD], min_rows=200, min_rows_per_arm=1000)
     assert portfolio.rows_before_switching() == 200  # no arm yet
     play(portfolio, 2900)
     assert portfolio.rows_before_switching() == 3000 and portfolio.acting == 0
@@ -154,7 +192,7 @@ def test_with_many_arms_nothing_switches_before_min_rows_per_arm_each():
 
 
 def test_who_acts_and_the_evidence_travel_in_the_bytes_and_the_scoring_view():
-    portfolio = make_policy("portfolio", dim=3, seed=2, members=[POOR, GOOD])
+    portfolio = make_policy("portfolio", dim=3, seed=2, members=[POOR, GOOD], min_rows=200)
     play(portfolio, 2000)
     assert portfolio.acting == 1
     view = portfolio.scoring_view()
@@ -166,7 +204,7 @@ def test_who_acts_and_the_evidence_travel_in_the_bytes_and_the_scoring_view():
         "acting": portfolio.labels[1], "members": portfolio.labels, "switches": portfolio.switches}
     assert describe_state(make_policy("lin_ucb", dim=3).to_bytes()) is None
     # the publisher's path: a policy rebuilt from arm states takes the last snapshot's choice
-    rebuilt = make_policy("portfolio", dim=3, seed=2, members=[POOR, GOOD])
+    rebuilt = make_policy("portfolio", dim=3, seed=2, members=[POOR, GOOD], min_rows=200)
     for arm in portfolio.arm_ids():
         rebuilt.load_arm_state(arm, portfolio.arm_state_bytes(arm))
     assert rebuilt.acting == 0 and rebuilt.adopt_selection(view)
@@ -190,21 +228,24 @@ def test_an_arm_blob_loads_into_every_member_or_none():
     with pytest.raises(StateFormatError):
         target.load_arm_state("a", base._encode({k: v for k, v in header.items() if k != "arrays"}, arrays))
     assert [m.arm_state_bytes("a") for m in target.members] == before
+    reordered = make_policy("portfolio", dim=3, members=members[::-1])  # the members are matched by label
+    reordered.load_arm_state("a", blob)
+    assert [m.arm_state_bytes("a") for m in reordered.members[::-1]] == [m.arm_state_bytes("a") for m in portfolio.members]
     with pytest.raises(StateFormatError, match="members"):
-        make_policy("portfolio", dim=3, members=members[::-1]).load_arm_state("a", blob)  # another order is another portfolio
+        make_policy("portfolio", dim=3, members=[POOR, GOOD]).load_arm_state("a", blob)  # one it does not name
     target.load_arm_state("a", blob)
     assert target.arm_state_bytes("a") == blob
 
 
 def test_members_that_learn_alike_are_carried_once_and_load_alike():
-    portfolio = make_policy("portfolio", dim=3, seed=2, members=[POOR, GOOD])  # they differ only in eps0
+    portfolio = make_policy("portfolio", dim=3, seed=2, members=[POOR, GOOD], min_rows=200)  # they differ only in eps0
     play(portfolio, 600)
     blob = portfolio.arm_state_bytes("a")
     from learner.policies import base
 
     header, arrays = base._decode(blob)
     assert {name.split(".")[0] for name in arrays} == {"m0"}
-    restored = make_policy("portfolio", dim=3, seed=2, members=[POOR, GOOD])
+    restored = make_policy("portfolio", dim=3, seed=2, members=[POOR, GOOD], min_rows=200)
     restored.load_arm_state("a", blob)
     assert [m.arm_state_bytes("a") for m in restored.members] == [m.arm_state_bytes("a") for m in portfolio.members]
     arrays.update({f"m1.{name}": value for name, value in base._decode(portfolio.members[1].arm_state_bytes("a"))[1].items()})
@@ -347,16 +388,39 @@ def _play_default(policy: Policy, z: np.ndarray, means: np.ndarray, batch: int =
     return regret, played
 
 
+def _xor_world(seed: int, steps: int = 10_000) -> tuple[np.ndarray, np.ndarray]:
+    """Contexts (steps, 10) and five arms' expected rewards: arm k pays when features 2k and
+    2k + 1 have the same sign, which no linear model of the context holds (each feature alone
+    says nothing)."""
+    rng = np.random.default_rng(seed)
+    z = rng.normal(size=(steps, 10))
+    return z, (z[:, 0::2] * z[:, 1::2] > 0).astype(float)
+
+
+def test_the_default_domain_hands_over_to_its_fourier_member_where_rewards_are_not_linear():
+    default = DomainSettings()
+    dim = default.features.dimension
+    for seed in (0, 1, 2):
+        z, means = _xor_world(seed)
+        portfolio = default.make_policy(seed=1)
+        regret, _ = _play_default(portfolio, z, means)
+        alone, _ = _play_default(make_policy("lin_igw", dim=dim, seed=1), z, means)
+        assert portfolio.acting_label == "lin_igw(alpha=0,fourier=128)", (seed, portfolio.switches)
+        assert regret < 0.7 * alone, (seed, regret, alone)
+
+
 def test_the_default_domain_decides_as_lin_igw_on_stationary_traffic_and_hands_over_to_forgetting_on_a_drift():
     default = DomainSettings()
     dim = default.features.dimension
-    assert default.policy == "portfolio" and default.make_policy().labels == ["lin_igw", "lin_igw(gamma=0.995)"]
+    assert default.policy == "portfolio"
+    assert default.make_policy().labels == ["lin_igw", "lin_igw(gamma=0.995)", "lin_igw(alpha=0,fourier=128)"]
     for seed in (0, 1, 2):
         z, means = _rotating_world(seed, rotate=False)
         portfolio = default.make_policy(seed=1)
         regret, played = _play_default(portfolio, z, means)
         alone, alone_played = _play_default(make_policy("lin_igw", dim=dim, seed=1), z, means)
-        assert regret <= 1.01 * alone and portfolio.acting_label == "lin_igw", (seed, regret, alone, portfolio.switches)
+        assert regret <= 1.01 * alone, (seed, regret, alone, portfolio.switches)  # a late switch to forgetting may pay
+        assert all(switch["to"] != "lin_igw(alpha=0,fourier=128)" for switch in portfolio.switches), portfolio.switches
         # up to its first switch (with none: the whole run) it decides as lin_igw alone, to the draw
         first = portfolio.switches[0]["rows"] if portfolio.switches else len(z)
         assert first > len(z) // 4 and played[:first] == alone_played[:first]
@@ -379,3 +443,47 @@ def test_state_of_other_members_is_refused_saying_how_to_keep_it():
     named = make_policy("portfolio", dim=3, members=PAIRS)
     named.load_arm_state("a", old.arm_state_bytes("a"))
     assert named.arm_state_bytes("a") == old.arm_state_bytes("a")
+
+
+def test_state_of_the_previous_default_loads_into_the_members_it_names_the_new_one_starts_at_its_prior():
+    """The default gained a member (2026-11-28): an arm learned by the previous two loads, bit
+    for bit, into those two; the Fourier member starts it at its prior."""
+    before = make_policy("portfolio", dim=4, seed=0, members=[{"policy": "lin_igw"}, {"policy": "lin_igw", "gamma": 0.995}])
+    rng = np.random.default_rng(0)
+    before.update_batch(contexts(rng, 30)[:, [0, 1, 2, 2]], list(rng.choice(ARMS, 30)), rng.random(30))
+    now = make_policy("portfolio", dim=4, seed=0)
+    for arm in ARMS:
+        now.load_arm_state(arm, before.arm_state_bytes(arm))
+        for m in (0, 1):
+            assert now.members[m].arm_state_bytes(arm) == before.members[m].arm_state_bytes(arm)
+        assert now.members[2].update_count(arm) == 0
+    x = np.tile(contexts(rng, 1)[0, [0, 1, 2, 2]], (3, 1))
+    assert now.probabilities(x, ARMS, rng=1).probabilities.tolist() == before.probabilities(x, ARMS, rng=1).probabilities.tolist()
+    again = make_policy("portfolio", dim=4, seed=0)  # and what it stores now loads as the new members'
+    for arm in ARMS:
+        again.load_arm_state(arm, now.arm_state_bytes(arm))
+        assert again.arm_state_bytes(arm) == now.arm_state_bytes(arm)
+
+
+def test_a_fourier_member_learns_on_its_features_and_every_view_of_it_decides_alike():
+    members = [{"policy": "lin_igw"}, {"policy": "lin_igw", "alpha": 0, "fourier": 16, "fourier_scale": 2.0}]
+    portfolio = make_policy("portfolio", dim=3, seed=4, members=members)
+    alone = make_policy("lin_igw", dim=17, seed=5, alpha=0)
+    features = portfolio.features[1]
+    rng = np.random.default_rng(2)
+    X, arms, r = contexts(rng, 60), list(rng.choice(ARMS, 60)), rng.random(60)
+    portfolio.update_batch(X, arms, r)
+    alone.update_batch(features(X), arms, r)
+    assert portfolio.members[1].dim == 17 and features(X).shape == (60, 17) and (features(X)[:, 0] == 1.0).all()
+    for arm in ARMS:
+        assert portfolio.members[1].arm_state_bytes(arm) == alone.arm_state_bytes(arm)
+    portfolio.acting = 1
+    x = np.tile(contexts(rng, 1)[0], (3, 1))
+    expected = alone.probabilities(features(x), ARMS, rng=0).probabilities.tolist()
+    assert portfolio.probabilities(x, ARMS, rng=0).probabilities.tolist() == expected
+    for view in (portfolio.scoring_view(), Policy.from_bytes(portfolio.to_bytes())):  # the SDK's and the publisher's
+        assert view.probabilities(x, ARMS, rng=0).probabilities.tolist() == expected
+    with pytest.raises(ValueError, match="fourier must be a positive int"):
+        make_policy("portfolio", dim=3, members=[{"policy": "lin_igw"}, {"policy": "lin_igw", "fourier": 0}])
+    with pytest.raises(ValueError, match="fourier_scale: needs fourier"):
+        make_policy("portfolio", dim=3, members=[{"policy": "lin_igw"}, {"policy": "lin_igw", "fourier_scale": 2.0}])

@@ -61,7 +61,7 @@ from learner.evaluation.intervals import (
 )
 from learner.evaluation.importance import Importance, permutation_importance
 from learner.evaluation.logged import LoggedBandit
-from learner.evaluation.candidates import AlwaysArm, Candidate, Fixed, Logging, Progressive, Recommended, Uniform
+from learner.evaluation.candidates import AlwaysArm, Candidate, Fixed, Logging, Progressive, Recommended, Uniform, logged_choices
 from learner.evaluation.reward_models import (
     PerActionModel,
     Ridge,
@@ -80,6 +80,7 @@ __all__ = [
     "Progressive",
     "Recommended",
     "Uniform",
+    "logged_choices",
     "DM",
     "DR",
     "ESTIMATORS",

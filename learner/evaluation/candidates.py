@@ -135,7 +135,7 @@ def _score_rows(policy: Policy, log: LoggedBandit, rows: range, rng: np.random.G
         out[i, columns] = choice.probabilities
 
 
-def _logged_choices(log: LoggedBandit, rows: range) -> tuple[list[list[str]], list[int]]:
+def logged_choices(log: LoggedBandit, rows: range) -> tuple[list[list[str]], list[int]]:
     """Each row's candidate ids and the position of the logged action among them."""
     candidates, chosen = [], []
     for i in rows:
@@ -209,7 +209,7 @@ class Progressive(Candidate):
             model.age()  # as a snapshot scores: arms nobody played brought to the newest time (half_life_s)
             _score_rows(model, log, rows, rng, out)  # the model of the rows before: never its own
             if isinstance(model, Portfolio):  # chooses who acts from the batch, as the publisher does
-                model.judge(log.context[rows.start : rows.stop], *_logged_choices(log, rows), log.pscore[rows.start : rows.stop],
+                model.judge(log.context[rows.start : rows.stop], *logged_choices(log, rows), log.pscore[rows.start : rows.stop],
                             log.reward[rows.start : rows.stop], rng=rng)  # fmt: skip
             model.update_batch(log.context[rows.start : rows.stop], list(arms[rows.start : rows.stop]),
                                log.reward[rows.start : rows.stop], times=log.decision_time[rows.start : rows.stop])

@@ -12,13 +12,16 @@ and a user cannot tune on live traffic safely. A portfolio names the settings to
         - {policy: lin_igw, gamma: 0.999, label: igw-forgetting}
 
 **The default.** A domain that names no policy is ``policy: portfolio`` with its default members
-(:data:`DEFAULT_MEMBERS`): ``lin_igw`` as it comes, and the same forgetting. On stationary
-traffic the first keeps acting, so it decides as ``lin_igw`` would; when the world drifts, the
-log shows the forgetting one doing better and it takes over. Forgetting alone costs stationary
-traffic up to 2.3x the regret (wine); the pair costs it 0-6.5 % (README, "Which policy"), for
-twice the update work and state of one member. A domain that ran ``lin_igw`` when that was the
-default keeps what it learned: the learner and the publisher take its state in
-(:meth:`Portfolio.adopt_arm_state`).
+(:data:`DEFAULT_MEMBERS`): ``lin_igw`` as it comes, the same forgetting, and SquareCB on 128
+random Fourier features. On stationary linear traffic the first keeps acting, so it decides as
+``lin_igw`` would; when the world drifts, the log shows the forgetting one doing better and it
+takes over; where rewards are not linear in the context (thresholds, products, class regions),
+the Fourier one does. Forgetting alone costs stationary traffic up to 2.3x the regret (wine),
+the Fourier member alone 2x on linear traffic; the portfolio costs stationary linear traffic
+nothing measurable (README, "Which policy"), for about four times the update work of one member.
+A domain that ran ``lin_igw`` when that was the default keeps what it learned: the learner and
+the publisher take its state in (:meth:`Portfolio.adopt_arm_state`); one that ran the default
+pair takes its states into those two members (:meth:`Portfolio.load_arm_state`).
 
 **Learning.** Every member learns every row (:meth:`Portfolio.update_batch` passes the batch to
 each), so each member's state is what it would be had it run alone on the same log. Members that
@@ -30,32 +33,49 @@ state is its members' states in one blob (arrays prefixed ``m<i>.``), so the lea
 the posterior topic and the publisher carry a portfolio like any per-arm policy.
 
 **Choosing who acts: progressive off-policy estimates.** For each logged row i (context,
-candidates, the action taken, its logged propensity ``p_i``, its reward ``r_i``) every member's
-probability of the logged action ``pi_m(a_i | x_i)`` is computed by the member *before it has
-learned that row* (:meth:`Portfolio.score`: in the publisher, by the previous snapshot's members
-on the rows logged since it; in a simulation, by the models before the batch), and the portfolio
-accumulates (:meth:`Portfolio.observe`), with importance weight ``w_mi = pi_m(a_i|x_i) / p_i`` and
-``b_i`` the mean reward of the rows before i's batch (a control variate: it leaves every
-difference below unbiased, since ``E[w_ci - w_ai] = 0``, and takes the reward's level out of its
-variance)::
+candidates, the action taken ``a_i``, its logged propensity ``p_i``, its reward ``r_i``) every
+member's distribution over the candidates ``pi_m(. | x_i)`` and its model's expected reward of
+each ``rhat_m(x_i, .)`` are computed by the member *before it has learned that row*
+(:meth:`Portfolio.score`: in the publisher, by the previous snapshot's members on the rows logged
+since it; in a simulation, by the models before the batch). One member's predictions serve as the
+reward model ``rhat`` of every member's estimate, so the members' values pair: the one with the
+least squared error on the logged rewards, recent rows weighing most (:meth:`reward_model`). With
+importance weight ``w_mi = pi_m(a_i|x_i) / p_i``, each member's doubly robust value of the row
+(:meth:`Portfolio.observe`) is::
 
-    d_ci = (w_ci - w_ai) * (r_i - b_i)        challenger c against the acting member a
+    v_mi = sum_a pi_m(a|x_i) rhat(x_i, a) + w_mi (r_i - rhat(x_i, a_i))    (w_mi <= SWITCH_WEIGHT)
+    v_mi = sum_a pi_m(a|x_i) rhat(x_i, a)                                   (past it)
 
-The mean of ``d_c`` estimates ``V(c) - V(a)``, the difference of the two members' expected
-rewards (inverse propensity scoring, paired: the same rows, the same propensities), and its
-standard error comes from the same sums. :meth:`Portfolio.select` switches to the challenger
-with the highest lower bound at ``level`` (one-sided) when that bound is above zero, once
-``min_rows`` rows are in (and ``min_rows_per_arm`` per arm: with a hundred arms, a greedier member
-looks better over the first few hundred rows, before a more exploring one's exploration pays
-off); otherwise the acting member stays. Every member's self-normalised
-value ``sum w r / sum w`` and effective sample size ``(sum w)^2 / sum w^2`` are reported
+and ``d_ci = v_ci - v_ai`` estimates ``V(c) - V(a)``, the difference of challenger c's and the
+acting member a's expected rewards, on the same rows with the same propensities. Where the weight
+is moderate the estimate is unbiased whatever ``rhat`` is (the correction takes its error out),
+and the better ``rhat`` predicts, the smaller its variance: far smaller than inverse propensity
+scoring's, which left a member that learns a nonlinear reward (a Fourier member) unproven after
+20,000 rows. Past :data:`SWITCH_WEIGHT` (switch-DR) the row counts by the model alone, biased as
+the model is, rather than letting one row weighted by 1,000 set the interval for the rest of the
+run. The standard error comes from the same sums. :meth:`Portfolio.select` switches to the
+challenger with the highest lower bound at ``level`` (one-sided) when that bound is above zero,
+once ``min_rows`` rows are in (and ``min_rows_per_arm`` per arm: over its first rows a member that
+explores less, or whose model has more room, earns more than one that will do better for the rest
+of the run); otherwise the acting member stays. Every member's self-normalised value ``sum w r /
+sum w`` and effective sample size ``(sum w)^2 / sum w^2`` are reported
 (:meth:`Portfolio.estimates`) for operators. A switch is recorded in the state (the last
 :data:`MAX_SWITCHES`, with the rows seen, the estimated gain and its bound), which a snapshot
 carries, so the SDK acts with the new member from the next snapshot on.
 
-The sums are cumulative: a member that is better only after a drift overtakes one that was
-better before once its advantage since outweighs its deficit, which a detector or forgetting in
-the members shortens (they learn the new world; the log rates them on it).
+The evidence restarts at a switch: the new acting member is judged against the others from there
+on, with ``min_rows`` rows again before the next switch, so a member that earned more early (and
+took over) gives the acting role back once the others do better since. Between switches the sums
+are cumulative: a member that is better only after a drift overtakes one that was better before
+once its advantage since outweighs its deficit, which a detector or forgetting in the members
+shortens (they learn the new world; the log rates them on it).
+
+**Fourier members.** A member may learn on random Fourier features of the row instead of the
+row: ``{policy: lin_igw, fourier: 128, fourier_scale: 1.0}`` (:mod:`learner.policies._fourier`),
+a kernel regression of rewards that are not linear in the context. The portfolio maps the rows
+it gives that member (learning, deciding, scoring) and every process rebuilds the same map from
+the parameters, so its states, snapshots and decisions are as exact as any member's. The default
+holds one.
 
 **Deciding.** :meth:`Portfolio.probabilities` is the acting member's, floor included: the
 logged propensity is the probability the acting member drew the action with, exact as its own.
@@ -95,6 +115,7 @@ from typing import Any
 
 import numpy as np
 
+from learner.policies._fourier import FourierFeatures
 from learner.policies.base import Choice, Drift, Policy, Prior, _decode, _encode, canonical_arm, draw_index, valid_dim
 from learner.policies.errors import ScoringOnlyError, StateFormatError
 
@@ -106,25 +127,51 @@ MAX_SWITCHES = 20
 MIN_ROWS_PER_ARM = 20
 
 #: The members of ``policy: portfolio`` without ``members`` (and so of a domain that names no
-#: policy): ``lin_igw`` with its defaults, which acts until the log says otherwise, and the same
-#: forgetting (``gamma`` 0.995, a half-life of about 140 of the arm's rows). They differ only in
-#: what they remember, so on stationary traffic the first keeps acting and the portfolio decides
-#: exactly as ``lin_igw`` alone; on a drift the forgetting one takes over. Chosen by
-#: ``benchmarks/regret.py`` (README, "Which policy"); ``gamma`` 0.998 did not catch the slow drift.
+#: policy): ``lin_igw`` with its defaults, which acts until the log says otherwise; the same
+#: forgetting (``gamma`` 0.995, a half-life of about 140 of the arm's rows), which takes over on a
+#: drift; and SquareCB (``lin_igw``, ``alpha`` 0) on 128 random Fourier features of the row
+#: (:mod:`learner.policies._fourier`), which takes over where rewards are not linear in the
+#: context. On stationary linear traffic the first keeps acting and the portfolio decides exactly
+#: as ``lin_igw`` alone. Chosen by ``benchmarks/regret.py`` (README, "Which policy"): ``gamma``
+#: 0.998 did not catch the slow drift; 64 features lost to the plain row on digits; 256 cost
+#: four times the learning of 128 for 0-20 % less regret.
 DEFAULT_MEMBERS = (
     {"policy": "lin_igw"},
     {"policy": "lin_igw", "gamma": 0.995},
+    {"policy": "lin_igw", "alpha": 0, "fourier": 128},
 )
 #: ``level``'s default. The selection looks again at every batch, and at 95 % a bound crossed
 #: zero by chance on stationary traffic often enough to cost it: 8-11 % more regret than
 #: ``lin_igw`` alone on breast_cancer, heavy_tail and many_arms at B = 200. At 0.9999 the datasets
 #: cost nothing and linear 4-7 % (one seed of three switches), and the slow drift is still caught.
 DEFAULT_LEVEL = 0.9999
+#: ``min_rows``' default. Over its first rows a member that explores less, or whose model has more
+#: room, earns more than one that will do better for the rest of the run, and the log rates what
+#: was earned: with 200, the Fourier member took over stationary linear traffic at row 600 and
+#: cost it 16 % (tests/test_portfolio.py's rotating world, seed 0), and heavy_tail 11 %; with
+#: 2,000, neither, for 10-20 % more regret where the Fourier member is the one to take over.
+DEFAULT_MIN_ROWS = 2000
 #: Settings a portfolio may give every member (a member's own value wins).
 COMMON = ("eps0", "gamma", "half_life_s", "prior_mean", "prior_strength", "arm_priors")
 #: Parameters that shape only how a per-arm linear member decides, never what it learns.
 _DECIDING = frozenset({"alpha", "v", "n_draws", "gamma_scale", "gamma_exponent", "eps0", "seed"})
-_SELECTION = ("select_n", "select_reward", "select_d", "select_c", "select_s", "select_w", "select_w2")
+#: Member keys the portfolio reads itself: the member learns on random Fourier features of the row.
+_FEATURES = ("fourier", "fourier_scale")
+_SELECTION = ("select_n", "select_reward", "select_d", "select_c", "select_s", "select_w", "select_w2", "select_e", "select_rows")
+#: Per logged row, what a member's past squared errors keep of their weight when the portfolio
+#: picks its reward model (:meth:`Portfolio.reward_model`): a half-life of 1,000 rows, so after a
+#: drift the member that predicts the new rewards best serves.
+ERROR_DECAY = 0.5 ** (1 / 1000)
+#: Importance weight past which a row's correction is left out of a member's doubly robust value,
+#: which is then its model's prediction alone (switch-DR, Wang, Agarwal & Dudik 2017). A member
+#: that takes an action the acting one gave 1e-3 would otherwise carry that row at weight 1,000,
+#: and one such row widens the interval for the rest of the run: with 100, a slow drift was caught
+#: on two seeds of three (``benchmarks/regret.py``, drift_gradual, B = 200); with 20, on all three.
+SWITCH_WEIGHT = 20.0
+#: The selection sums that restart at a switch (the reward model's errors and the row count go on).
+_EVIDENCE = ("select_n", "select_reward", "select_d", "select_c", "select_s", "select_w", "select_w2")
+#: Selection sums a state written before they existed may lack (they start at zero).
+_SELECTION_SINCE = {"select_e": "2026-11-28", "select_rows": "2026-11-28"}
 
 
 def _member_spec(index: int, spec: Any) -> dict[str, Any]:
@@ -139,6 +186,8 @@ def _member_spec(index: int, spec: Any) -> dict[str, Any]:
         raise ValueError(f"members[{index}].policy: a policy name is required")
     if "label" in spec and not (isinstance(spec["label"], str) and spec["label"]):
         raise ValueError(f"members[{index}].label must be a non-empty string")
+    if "fourier_scale" in spec and "fourier" not in spec:
+        raise ValueError(f"members[{index}].fourier_scale: needs fourier (the number of features)")
     return spec
 
 
@@ -155,7 +204,8 @@ class Portfolio(Policy):
 
     Parameters: ``members`` (a list of ``{policy: name, label?: str, <its parameters>}``, at
     least two, per-arm policies only, labels distinct; default :data:`DEFAULT_MEMBERS`); ``level`` (confidence of a switch, in
-    (0.5, 1), default :data:`DEFAULT_LEVEL`); ``min_rows`` (logged rows before any switch, default 200) and
+    (0.5, 1), default :data:`DEFAULT_LEVEL`); ``min_rows`` (logged rows before any switch, and after
+    each, default :data:`DEFAULT_MIN_ROWS`) and
     ``min_rows_per_arm`` (as many per arm the portfolio holds, default 20); ``mix``
     (the share of decisions from the other members' distributions, in [0, 1), default 0) and
     ``mix_rule`` (``fixed``, or ``evidence``: see :meth:`mix_shares`); ``dim``
@@ -172,7 +222,7 @@ class Portfolio(Policy):
         *,
         members: Sequence[Mapping[str, Any]] = DEFAULT_MEMBERS,
         level: float = DEFAULT_LEVEL,
-        min_rows: int = 200,
+        min_rows: int = DEFAULT_MIN_ROWS,
         min_rows_per_arm: int = MIN_ROWS_PER_ARM,
         mix: float = 0.0,
         mix_rule: str = "fixed",
@@ -210,18 +260,24 @@ class Portfolio(Policy):
         self.seed = None if seed is None else int(seed)
         self.common = dict(common)
         self.members: list[Policy] = []
+        #: member i's feature map (None: it learns on the row itself)
+        self.features: list[FourierFeatures | None] = []
         for i, spec in enumerate(self.specs):
             cls = POLICIES.get(spec["policy"])
             if cls is None:
                 raise ValueError(f"members[{i}].policy: unknown policy {spec['policy']!r}; known: {', '.join(sorted(POLICIES))}")
             if cls.shared or cls is Portfolio:
                 raise ValueError(f"members[{i}].policy: {spec['policy']!r} cannot be a member; members are per-arm policies")
-            params = {**self.common, **{k: v for k, v in spec.items() if k not in ("policy", "label")}}
+            params = {**self.common, **{k: v for k, v in spec.items() if k not in ("policy", "label", *_FEATURES)}}
             try:
-                self.members.append(cls(dim=self.dim, seed=None if self.seed is None else self.seed + i, **params))
+                features = FourierFeatures(self.dim, spec["fourier"], spec.get("fourier_scale", 1.0)) if "fourier" in spec else None
+                dim = self.dim if features is None else features.out_dim
+                self.members.append(cls(dim=dim, seed=None if self.seed is None else self.seed + i, **params))
             except (TypeError, ValueError) as exc:
                 raise ValueError(f"members[{i}] ({self.labels[i]}): {exc}") from None
-        keys = [_learns_like(member) for member in self.members]
+            self.features.append(features)
+        keys = [(_learns_like(member), None if f is None else f.key) for member, f in zip(self.members, self.features)]
+        keys = [None if key[0] is None else key for key in keys]
         #: member i takes its learning from member _leader[i] (itself when none before learns alike)
         self._leader = [keys.index(key) if key is not None else i for i, key in enumerate(keys)]
         self._scoring_only = False
@@ -239,6 +295,8 @@ class Portfolio(Policy):
             "select_s": np.zeros(m),
             "select_w": np.zeros(m),
             "select_w2": np.zeros(m),
+            "select_e": np.zeros(m),
+            "select_rows": np.zeros((), dtype=np.int64),
         }
 
     @classmethod
@@ -295,7 +353,22 @@ class Portfolio(Policy):
         return self.acting_member.arm_statistics(arm)
 
     def expected_rewards(self, X: np.ndarray, arms: Sequence[Any]) -> np.ndarray:
-        return self.acting_member.expected_rewards(X, arms)
+        return self.acting_member.expected_rewards(self._rows_of(self.acting, X), arms)
+
+    def _rows_of(self, m: int, X: np.ndarray) -> np.ndarray:
+        """Member m's rows of ``X``: the rows themselves, or its feature map's."""
+        features = self.features[m]
+        return X if features is None else features(self._check_rows(X, "X"))
+
+    def _member_rows(self, X: np.ndarray) -> list[np.ndarray]:
+        """Every member's rows of ``X`` (:meth:`_rows_of`), each feature map computed once."""
+        mapped: dict[tuple, np.ndarray] = {}
+        out = []
+        for m, features in enumerate(self.features):
+            if features is not None and features.key not in mapped:
+                mapped[features.key] = self._rows_of(m, X)
+            out.append(X if features is None else mapped[features.key])
+        return out
 
     def update_count(self, arm: Any) -> int:
         return self.members[0].update_count(arm)
@@ -306,10 +379,11 @@ class Portfolio(Policy):
             raise ScoringOnlyError("Portfolio built from a scoring view cannot learn")
         for member in self.members[1:]:  # every member's check before any member learns
             member._check_times(times, len(rewards))
-        touched = self.members[0].update_batch(X, arms, rewards, weights, times)
+        rows = self._member_rows(X)
+        touched = self.members[0].update_batch(rows[0], arms, rewards, weights, times)
         for i, member in enumerate(self.members[1:], 1):
             if self._leader[i] == i:
-                member.update_batch(X, arms, rewards, weights, times)
+                member.update_batch(rows[i], arms, rewards, weights, times)
             else:
                 _take_learning(self.members[self._leader[i]], member, touched)
         return touched
@@ -324,14 +398,14 @@ class Portfolio(Policy):
         if self.mix:
             gen = acting._generator(rng)
             shares = self.mix_shares()
-            p = acting.probabilities(X, arms, gen).probabilities * (1.0 - math.fsum(shares.tolist()))
+            p = acting.probabilities(self._rows_of(self.acting, X), arms, gen).probabilities * (1.0 - math.fsum(shares.tolist()))
             for m, member in enumerate(self.members):
                 if shares[m] > 0.0:
-                    p += shares[m] * member.probabilities(X, arms, gen).probabilities
+                    p += shares[m] * member.probabilities(self._rows_of(m, X), arms, gen).probabilities
             chosen = draw_index(p, gen.random())
             choice = Choice(p, chosen, float(p[chosen]))
         else:
-            choice = acting.probabilities(X, arms, rng)
+            choice = acting.probabilities(self._rows_of(self.acting, X), arms, rng)
         if len(acting.arm_ids()) != known:
             for arm in acting.arm_ids()[known:]:
                 for member in self.members:
@@ -416,42 +490,73 @@ class Portfolio(Policy):
 
     def score(
         self, contexts: np.ndarray, candidates: Sequence[Sequence[Any]], chosen: Sequence[int], rng: np.random.Generator | int = 0
-    ) -> np.ndarray:
-        """``(n, M)``: member m's probability of the action taken on row i, ``contexts[i]``
-        shown to the arms ``candidates[i]`` of which ``chosen[i]`` was taken (each member's
-        decide step, floor included; Thompson sampling's by its seeded draws)."""
-        contexts = np.asarray(contexts, dtype=np.float64)
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Every member's view of logged rows, ``contexts[i]`` shown to the arms
+        ``candidates[i]`` of which ``chosen[i]`` was taken: ``(pi, rhat)``, both ``(n, M, K)``
+        for K the most candidates of a row (zero past a row's own): member m's probability of
+        each candidate (its decide step, floor included; Thompson sampling's by its seeded
+        draws) and its model's expected reward of each."""
+        contexts = np.asarray(contexts, dtype=np.float64).reshape(len(chosen), self.dim)
         gen = rng if isinstance(rng, np.random.Generator) else np.random.default_rng(rng)
-        out = np.empty((len(contexts), len(self.members)))
-        for i, (x, arms, k) in enumerate(zip(contexts, candidates, chosen)):
-            X = np.ascontiguousarray(np.broadcast_to(x, (len(arms), len(x))))
+        rows = self._member_rows(contexts)
+        width = max((len(arms) for arms in candidates), default=0)
+        pi = np.zeros((len(contexts), len(self.members), width))
+        rhat = np.zeros_like(pi)
+        for i, arms in enumerate(candidates):
+            K = len(arms)
+            candidates_of: dict[int, np.ndarray] = {}  # members on the same rows share them
             for m, member in enumerate(self.members):
-                out[i, m] = member.probabilities(X, arms, gen).probabilities[k]
-        return out
+                X = candidates_of.get(id(rows[m]))
+                if X is None:
+                    x = rows[m][i]
+                    X = candidates_of[id(rows[m])] = np.ascontiguousarray(np.broadcast_to(x, (K, len(x))))
+                pi[i, m, :K] = member.probabilities(X, arms, gen).probabilities
+                rhat[i, m, :K] = member.expected_rewards(X, arms)
+        return pi, np.nan_to_num(rhat)
 
-    def observe(self, member_probabilities: np.ndarray, propensities: Sequence[float], rewards: Sequence[float]) -> None:
-        """Add rows scored by :meth:`score` (of models that had not learned them) to every
-        member's estimate; ``propensities`` are the logged probabilities of the actions taken."""
-        pi = np.asarray(member_probabilities, dtype=np.float64)
+    def reward_model(self) -> int:
+        """The member whose predictions serve as the estimate's reward model: the one with the
+        least squared error on the logged rewards (each predicted before it learned the row),
+        recent rows weighing most (:data:`ERROR_DECAY`); the acting member before any row."""
+        errors = self._sel["select_e"]
+        return self.acting if not int(self._sel["select_rows"]) else int(np.argmin(errors))
+
+    def observe(
+        self, pi: np.ndarray, rhat: np.ndarray, chosen: Sequence[int], propensities: Sequence[float], rewards: Sequence[float]
+    ) -> None:
+        """Add logged rows scored by :meth:`score` (by models that had not learned them) to
+        every member's doubly robust value (module docstring); ``chosen`` the position of the
+        action taken among each row's candidates, ``propensities`` its logged probability."""
+        pi = np.asarray(pi, dtype=np.float64)
+        rhat = np.asarray(rhat, dtype=np.float64)
+        k = np.asarray(chosen, dtype=np.intp)
         p = np.asarray(propensities, dtype=np.float64)
         r = np.asarray(rewards, dtype=np.float64)
-        if pi.ndim != 2 or pi.shape[1] != len(self.members) or p.shape != (len(pi),) or r.shape != (len(pi),):
-            raise ValueError(f"observe needs (n, {len(self.members)}) member probabilities, n propensities and n rewards")
-        if not (np.isfinite(pi).all() and np.isfinite(r).all() and (p > 0).all() and (p <= 1).all()):
-            raise ValueError("observe needs finite probabilities and rewards, and propensities in (0, 1]")
-        if not len(pi):
+        n, M = len(k), len(self.members)
+        if pi.ndim != 3 or pi.shape[:2] != (n, M) or rhat.shape != pi.shape or p.shape != (n,) or r.shape != (n,):
+            raise ValueError(f"observe needs (n, {M}, K) member probabilities and predictions, n choices, propensities and rewards")
+        if not (np.isfinite(pi).all() and np.isfinite(rhat).all() and np.isfinite(r).all() and (p > 0).all() and (p <= 1).all()):
+            raise ValueError("observe needs finite probabilities, predictions and rewards, and propensities in (0, 1]")
+        if not n or ((k < 0) | (k >= pi.shape[2])).any():
+            if n:
+                raise ValueError("observe needs each chosen position among its row's candidates")
             return
         s = self._sel
-        n = int(s["select_n"])
-        baseline = float(s["select_reward"]) / n if n else 0.0
-        w = pi / p[:, None]
-        wc = w * (r - baseline)[:, None]
-        s["select_d"] += wc.sum(axis=0)
-        s["select_c"] += wc.T @ wc
+        rows = np.arange(n)
+        model = rhat[:, self.reward_model(), :]  # (n, K): one reward model for every member, so differences pair
+        w = pi[rows, :, k] / p[:, None]  # (n, M)
+        corrected = np.where(w <= SWITCH_WEIGHT, w, 0.0)  # past it, the model's prediction alone (switch-DR)
+        value = np.einsum("nmk,nk->nm", pi, model) + corrected * (r - model[rows, k])[:, None]
+        s["select_d"] += value.sum(axis=0)
+        s["select_c"] += value.T @ value
         s["select_s"] += w.T @ r
         s["select_w"] += w.sum(axis=0)
         s["select_w2"] += (w * w).sum(axis=0)
-        s["select_n"] += len(r)
+        keep = ERROR_DECAY ** np.arange(n - 1, -1, -1, dtype=np.float64)  # row j's error counts decay^(rows after it)
+        s["select_e"] *= ERROR_DECAY**n
+        s["select_e"] += keep @ (rhat[rows, :, k] - r[:, None]) ** 2
+        s["select_n"] += n
+        s["select_rows"] += n
         s["select_reward"] += math.fsum(r.tolist())
 
     def judge(
@@ -468,7 +573,8 @@ class Portfolio(Policy):
         """:meth:`score` logged rows by ``scored_by`` (default this portfolio: models that have
         not learned the rows yet), :meth:`observe` them, :meth:`select`; the switch or None."""
         scorer = self if scored_by is None else scored_by
-        self.observe(scorer.score(contexts, candidates, chosen, rng), propensities, rewards)
+        pi, rhat = scorer.score(contexts, candidates, chosen, rng)
+        self.observe(pi, rhat, chosen, propensities, rewards)
         return self.select()
 
     def _gains(self) -> tuple[np.ndarray, np.ndarray]:
@@ -493,10 +599,12 @@ class Portfolio(Policy):
         best = int(np.argmax(lower))
         if not lower[best] > 0.0:
             return None
-        switch = {"from": self.acting_label, "to": self.labels[best], "rows": n,
+        switch = {"from": self.acting_label, "to": self.labels[best], "rows": int(self._sel["select_rows"]),
                   "gain": float(gain[best]), "lower": float(lower[best])}  # fmt: skip
         self.acting = best
         self.switches = [*self.switches, switch][-MAX_SWITCHES:]
+        for name in _EVIDENCE:  # the new acting member is judged from here on
+            self._sel[name] = np.zeros_like(self._sel[name])
         return switch
 
     def estimates(self) -> list[dict[str, Any]]:
@@ -519,7 +627,7 @@ class Portfolio(Policy):
 
     @property
     def rows_seen(self) -> int:
-        return int(self._sel["select_n"])
+        return int(self._sel["select_rows"])
 
     def _adopt(self, other: "Portfolio") -> None:
         """Take ``other``'s choice of who acts and its evidence (same members required)."""
@@ -584,11 +692,13 @@ class Portfolio(Policy):
         if not isinstance(acting, int) or not 0 <= acting < len(portfolio.members) or not isinstance(switches, list):
             raise StateFormatError("portfolio header lacks its acting member or switches")
         m = len(portfolio.members)
-        for name, shape in zip(_SELECTION, [(), (), (m,), (m, m), (m,), (m,), (m,)]):
-            value = arrays.get(name)
+        for name, shape in zip(_SELECTION, [(), (), (m,), (m, m), (m,), (m,), (m,), (m,), ()]):
+            value = arrays.get(name, np.zeros(shape) if name in _SELECTION_SINCE else None)
             if value is None or value.shape != shape or not np.isfinite(value).all():
                 raise StateFormatError(f"portfolio state lacks a valid {name!r}")
             portfolio._sel[name] = value.astype(portfolio._sel[name].dtype)
+        if "select_rows" not in arrays:  # a state from before the evidence restarted at a switch: it never did
+            portfolio._sel["select_rows"] = portfolio._sel["select_n"].copy()
         portfolio._check_carried(arrays)
         portfolio.acting, portfolio.switches = acting, switches
         portfolio._scoring_only = view == "scoring"
@@ -609,18 +719,32 @@ class Portfolio(Policy):
         return _encode(header, arrays)
 
     def load_arm_state(self, arm: Any, data: bytes) -> None:
-        """Every member's state of one arm from :meth:`arm_state_bytes`; all or nothing."""
+        """Every member's state of one arm from :meth:`arm_state_bytes`; all or nothing.
+
+        A state learned by some of these members (a portfolio that has since gained members, as
+        the default did) loads into them, and the members it does not name start the arm at their
+        prior."""
         header, arrays = _decode(data)
         canon = self._check_arm_header(header, arm)
-        if header.get("members") != self.labels:
-            raise StateFormatError(f"state was learned by members {header.get('members')!r}, this portfolio has {self.labels!r}; "
-                                   "name those members in params.members to keep it (the default members changed on 2026-11-28)")  # fmt: skip
-        self._check_carried(arrays)
+        learned_by = header.get("members")
+        if learned_by == self.labels:
+            self._check_carried(arrays)
+            sources = {i: self._leader[i] for i in range(len(self.members))}
+        else:
+            carried = {name.split(".", 1)[0] for name in arrays if name not in _SELECTION}
+            if not (isinstance(learned_by, list) and learned_by and set(learned_by) <= set(self.labels)
+                    and all(f"m{j}" in carried for j in range(len(learned_by)))):  # fmt: skip
+                raise StateFormatError(f"state was learned by members {learned_by!r}, this portfolio has {self.labels!r}; "
+                                       "name those members in params.members to keep it (the default members changed on 2026-11-28)")  # fmt: skip
+            sources = {self.labels.index(label): j for j, label in enumerate(learned_by)}
         held = [member.arm_state_bytes(canon) if canon in member._slot else None for member in self.members]
         done: list[int] = []
         try:
             for i, member in enumerate(self.members):
-                stacked = {name: value[None, ...] for name, value in _of_member(arrays, self._leader[i]).items()}
+                if i not in sources:
+                    member._slot_of(canon)
+                    continue
+                stacked = {name: value[None, ...] for name, value in _of_member(arrays, sources[i]).items()}
                 member._load_view(np.array([member._slot_of(canon)]), stacked, self._view(), count=None)
                 done.append(i)
         except StateFormatError:
@@ -631,7 +755,7 @@ class Portfolio(Policy):
 
     def adopts(self, policy: str) -> bool:
         """Whether :meth:`adopt_arm_state` takes an arm state learned by ``policy`` alone."""
-        return any(member.name == policy for member in self.members)
+        return any(member.name == policy and features is None for member, features in zip(self.members, self.features))
 
     def adopt_arm_state(self, arm: Any, policy: str, data: bytes) -> None:
         """One arm's state learned by ``policy`` alone (the domain's model before it became this
@@ -639,7 +763,7 @@ class Portfolio(Policy):
         it as its own (one that forgets forgets from there on), the others start the arm at their
         prior. All or nothing; StateFormatError when no member is of that policy or the state
         does not fit them."""
-        takers = [i for i, member in enumerate(self.members) if member.name == policy]
+        takers = [i for i, member in enumerate(self.members) if member.name == policy and self.features[i] is None]
         if not takers:
             raise StateFormatError(f"no member of this portfolio is a {policy!r} ({', '.join(self.labels)})")
         canon = canonical_arm(arm)
