@@ -191,9 +191,10 @@ get_inputs(PyObject *F, PyObject *slots, PyObject *X, Inputs *in)
     return 0;
 }
 
-/* mean[k] = F_{s_k}[0] . x_k and width[k] = ||F_{s_k}[1:] x_k|| for every candidate. */
+/* mean[k] = F_{s_k}[0] . x_k and width[k] = ||F_{s_k}[1:] x_k|| for every candidate (0 without
+   widths: a rule that never reads them, e.g. SquareCB's, skips the d x d product). */
 static int
-score(const Inputs *in, double *mean, double *width)
+score(const Inputs *in, double *mean, double *width, int widths)
 {
     Py_ssize_t d = in->d;
     Py_ssize_t *idx = PyMem_Malloc(d * (sizeof(Py_ssize_t) + sizeof(double)) + 1);
@@ -215,7 +216,10 @@ score(const Inputs *in, double *mean, double *width)
         }
         const double *f = F + slots[k] * (d + 1) * d;
         double ss = 0.0;
-        if (4 * n <= d) { /* gathering a quarter of the terms beats vector loads of all */
+        if (!widths) {
+            mean[k] = 4 * n <= d ? sparse_dot(f, idx, val, n) : dense_dot(f, x, d);
+        }
+        else if (4 * n <= d) { /* gathering a quarter of the terms beats vector loads of all */
             mean[k] = sparse_dot(f, idx, val, n);
             for (Py_ssize_t j = 1; j <= d; j++) {
                 double r = sparse_dot(f + j * d, idx, val, n);
@@ -356,7 +360,7 @@ mean_width(PyObject *module, PyObject *args)
     if (mean.shape[0] != in.K || width.shape[0] != in.K)
         PyErr_SetString(PyExc_ValueError, "mean and width need one value per candidate");
     else
-        rc = score(&in, mean.buf, width.buf);
+        rc = score(&in, mean.buf, width.buf, 1);
     PyBuffer_Release(&width);
     PyBuffer_Release(&mean);
     release_inputs(&in);
@@ -406,7 +410,7 @@ choose(PyObject *module, PyObject *args)
         PyErr_SetString(PyExc_ValueError, "igw must be finite and >= 0");
     else if ((mean = PyMem_Malloc(4 * K * sizeof(double))) == NULL)
         PyErr_NoMemory();
-    else if (score(&in, mean, mean + K) == 0) {
+    else if (score(&in, mean, mean + K, have_z || coef != 0.0) == 0) {
         double *width = mean + K, *scratch = mean + 2 * K, *p = p_view.buf;
         if (have_z) {
             const double *z = z_view.buf;

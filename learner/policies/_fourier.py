@@ -58,6 +58,8 @@ class FourierFeatures:
     def __call__(self, X: np.ndarray) -> np.ndarray:
         """``phi`` of every row of ``X`` (k, dim): (k, n + 1)."""
         X = np.asarray(X, dtype=np.float64)
+        if len(X) > 1 and (X == X[0]).all():  # a per-arm decide: every candidate's row is the context
+            return np.repeat(self(X[:1]), len(X), axis=0)
         m = np.maximum(np.count_nonzero(X[:, self.keep], axis=1), 1)
         out = np.empty((X.shape[0], self.n + 1))
         out[:, 0] = 1.0

@@ -437,8 +437,9 @@ class Policy:
             slots = np.zeros(X.shape[0], dtype=np.intp)
         else:
             lookup = self._slot
-            slots = np.fromiter(
-                (lookup.get(a, lookup.get(canonical_arm(a), -1)) for a in arms), dtype=np.intp, count=len(arms)
+            slots = np.fromiter(  # the canonical form only for an id not held as given
+                (s if (s := lookup.get(a)) is not None else lookup.get(canonical_arm(a), -1) for a in arms),
+                dtype=np.intp, count=len(arms),
             )  # fmt: skip
         known = slots >= 0
         if known.any():

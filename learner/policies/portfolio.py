@@ -511,7 +511,13 @@ class Portfolio(Policy):
                     x = rows[m][i]
                     X = candidates_of[id(rows[m])] = np.ascontiguousarray(np.broadcast_to(x, (K, len(x))))
                 pi[i, m, :K] = member.probabilities(X, arms, gen).probabilities
-                rhat[i, m, :K] = member.expected_rewards(X, arms)
+        # the predictions in one call per member: row i once for each of its candidates
+        sizes = np.fromiter((len(arms) for arms in candidates), dtype=np.intp, count=len(candidates))
+        row_of = np.repeat(np.arange(len(candidates)), sizes)
+        position = np.arange(len(row_of)) - np.repeat(np.cumsum(sizes) - sizes, sizes)
+        flat_arms = [arm for arms in candidates for arm in arms]
+        for m, member in enumerate(self.members):
+            rhat[row_of, m, position] = member.expected_rewards(rows[m][row_of], flat_arms)
         return pi, np.nan_to_num(rhat)
 
     def reward_model(self) -> int:
