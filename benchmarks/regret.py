@@ -19,9 +19,9 @@ library expects them):
 
 - **ours**: a domain declared with defaults, ``DomainSettings()``: a portfolio of ``lin_igw``
   (inverse-gap weighting over UCB scores: alpha=0.3, gamma_t = 300 sqrt(t), floor eps0=0.01,
-  ridge prior 1) and the same forgetting (gamma 0.995), ``lin_igw`` acting first; before each
-  batch is learned every member scores its rows and the log's paired estimate may switch who
-  acts, as the publisher does. Over the default features (z sent as named numeric features
+  ridge prior 1), the same forgetting (gamma 0.995) and SquareCB on 128 random Fourier features
+  of the row, ``lin_igw`` acting first; before each batch is learned every member scores its
+  rows and the log's paired (doubly robust) estimate may switch who acts, as the publisher does. Over the default features (z sent as named numeric features
   ``{"numeric": {"x0": ..}}``, hashed into 64 slots with an intercept, z-scored by the running
   normaliser). It decides as the SDK does (``encoder.action_matrix``, then
   ``policy.probabilities``) and learns as the join and learner do (each row encoded with the
@@ -61,7 +61,7 @@ capped (0.1 ms a step at 10 arms, 0.5-0.65 ms at 100).
 
 A full run (T = 20,000, seeds 0-2, B = 200 and 1) with ``--portfolio`` takes about 28 minutes on
 one core: a third VW (four explorers, one text example per row), a third ours (the default
-portfolio, each row scored by both members before it is learned) and its two members alone, a
+portfolio, each row scored by every member before it is learned) and its members alone, a
 sixth the capped peers; ``--quick`` (T = 2,000, seed 0, nothing capped) about 80 s. BLAS is
 limited to one thread: every product here is small, and threads only fight each other on a
 shared machine.
@@ -372,10 +372,20 @@ def _variant_settings(params: dict[str, Any]) -> DomainSettings:
     return DomainSettings(params=rest) if "policy" not in params else DomainSettings(policy=params["policy"], params=rest)
 
 
+def _alone(member: dict[str, Any]) -> dict[str, Any]:
+    """A member run alone, as a variant's params. A Fourier member exists only in a portfolio:
+    it runs as the acting member of one that never switches (the other member learns beside it
+    and is never asked)."""
+    member = {k: v for k, v in member.items() if k != "label"}
+    if "fourier" not in member:
+        return member
+    return {"policy": "portfolio", "members": [member, {"policy": "lin_igw"}], "min_rows": 2**62}
+
+
 def member_columns(members: Sequence[dict[str, Any]]) -> list[tuple[str, str, dict[str, Any]]]:
     """(column ``m<i>``, label, the member as a variant's params) of each portfolio member."""
     labels = Portfolio(1, members=members).labels if members else []
-    return [(f"m{i}", label, {k: v for k, v in m.items() if k != "label"}) for i, (label, m) in enumerate(zip(labels, members))]
+    return [(f"m{i}", label, _alone(m)) for i, (label, m) in enumerate(zip(labels, members))]
 
 
 def learner_specs(
