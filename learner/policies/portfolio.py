@@ -553,6 +553,9 @@ class Portfolio(Policy):
         w = pi[rows, :, k] / p[:, None]  # (n, M)
         corrected = np.where(w <= SWITCH_WEIGHT, w, 0.0)  # past it, the model's prediction alone (switch-DR)
         value = np.einsum("nmk,nk->nm", pi, model) + corrected * (r - model[rows, k])[:, None]
+        # less the mean reward of the rows before (the same for every member: the differences do
+        # not move), so the second moments hold the spread, not the reward's level squared
+        value -= float(s["select_reward"]) / int(s["select_n"]) if int(s["select_n"]) else 0.0
         s["select_d"] += value.sum(axis=0)
         s["select_c"] += value.T @ value
         s["select_s"] += w.T @ r
