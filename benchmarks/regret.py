@@ -21,7 +21,8 @@ library expects them):
   (inverse-gap weighting over UCB scores: alpha=0.3, gamma_t = 300 sqrt(t), floor eps0=0.01,
   ridge prior 1), the same forgetting (gamma 0.995) and SquareCB on 128 random Fourier features
   of the row, ``lin_igw`` acting first; before each batch is learned every member scores its
-  rows and the log's paired (doubly robust) estimate may switch who acts, as the publisher does. Over the default features (z sent as named numeric features
+  rows and the log's paired (doubly robust) estimate may switch who acts, as the publisher
+  does. Over the default features (z sent as named numeric features
   ``{"numeric": {"x0": ..}}``, hashed into 64 slots with an intercept, z-scored by the running
   normaliser). It decides as the SDK does (``encoder.action_matrix``, then
   ``policy.probabilities``) and learns as the join and learner do (each row encoded with the
@@ -59,10 +60,10 @@ JSON). At B = 200 they run all T (a whole segment is one ``predict``, a batch on
 VW decides and learns one row at a time at any B, so it costs the same at B = 1 and is not
 capped (0.1 ms a step at 10 arms, 0.5-0.65 ms at 100).
 
-A full run (T = 20,000, seeds 0-2, B = 200 and 1) with ``--portfolio`` takes about 28 minutes on
-one core: a third VW (four explorers, one text example per row), a third ours (the default
-portfolio, each row scored by every member before it is learned) and its members alone, a
-sixth the capped peers; ``--quick`` (T = 2,000, seed 0, nothing capped) about 80 s. BLAS is
+A full run (T = 20,000, seeds 0-2, B = 200 and 1) with ``--portfolio`` takes about 52 minutes on
+one core: 34 of them ours (the default portfolio, each row scored by every member before it is
+learned) and its members alone, the Fourier member the slowest; 10 VW's four explorers (one
+text example per row) and 5 the capped peers; ``--quick`` (T = 2,000, seed 0, nothing capped) about 80 s. BLAS is
 limited to one thread: every product here is small, and threads only fight each other on a
 shared machine.
 

@@ -41,7 +41,6 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from learner.evaluation import LoggedBandit, logged_choices

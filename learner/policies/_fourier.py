@@ -9,8 +9,9 @@ a product of two features, the class regions of a dataset). ``n`` random Fourier
 with ``W`` (dim, n) standard normal and ``c`` uniform on [0, 2 pi), both drawn from a generator
 seeded by ``(dim, n)`` only, so the learner, the publisher and every edge client rebuild the same
 map from the policy's parameters; ``x'`` is the row without its intercept and ``m`` its number of
-non-zero entries (at least 1), so the kernel's width is ``scale`` standard deviations of each
-feature whether a row holds 3 features or 60 (the encoder z-scores numeric features); ``A`` =
+non-zero entries (at least 1). The kernel is then ``exp(-|x - y|^2 / (2 scale^2 m))``: it compares
+rows by their mean squared difference per feature, whether a row holds 3 features or 60 (the
+encoder z-scores numeric features, so ``scale`` counts in their standard deviations); ``A`` =
 sqrt(2) / 4 keeps each feature's variance near the ridge prior's scale. A linear model over
 ``phi`` approximates a Gaussian-kernel regression with ``n`` terms: it costs ``(n + 1)^2`` per
 learned row and ``n`` per scored candidate.
