@@ -659,8 +659,9 @@ class Bench:
         for key, (p50, p99) in time_interleaved(calls, cfg.decide_calls, cfg.decide_warmup_calls).items():
             self.results[key.format("p50")] = p50
             self.results[key.format("p99")] = p99
+        scorer = trained_scoring_view("portfolio", rows, cfg).policy  # trained once: the runs time the judging alone
         self.results["judge_rows_per_s_portfolio_d64"] = best_rate(
-            lambda: judge_rate(trained_scoring_view("portfolio", rows, cfg).policy, queries[:JUDGE_ROWS], cfg), cfg.repeats
+            lambda: judge_rate(scorer, queries[:JUDGE_ROWS], cfg), cfg.repeats
         )
         self.results["judge_method"] = (
             f"the publisher's judging of the default portfolio: {JUDGE_ROWS:,} logged rows, {cfg.decide_arms} candidates "

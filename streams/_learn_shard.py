@@ -97,7 +97,8 @@ class DomainModel:
             dimension=settings.features.dimension,
             feature_hash=settings.features.config_hash(),
             shared=settings.features.shared,
-            adopts=frozenset(m.name for m in policy.members) if isinstance(policy, Portfolio) else frozenset(),
+            adopts=frozenset(m.name for m in policy.members if policy.adopts(m.name))
+            if isinstance(policy, Portfolio) else frozenset(),
         )
 
     def check(self, key: ArmKey, policy: str, dimension: int, feature_hash: str, where: str) -> None:

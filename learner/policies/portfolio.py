@@ -171,8 +171,8 @@ ERROR_DECAY = 0.5 ** (1 / 1000)
 SWITCH_WEIGHT = 20.0
 #: The selection sums that restart at a switch (the reward model's errors and the row count go on).
 _EVIDENCE = ("select_n", "select_reward", "select_d", "select_c", "select_s", "select_w", "select_w2")
-#: Selection sums a state written before they existed may lack (they start at zero).
-_SELECTION_SINCE = {"select_e": "2026-11-28", "select_rows": "2026-11-28"}
+#: Selection sums a state written before 2026-11-28 lacks (they start at zero).
+_SELECTION_SINCE = ("select_e", "select_rows")
 
 
 def _member_spec(index: int, spec: Any) -> dict[str, Any]:
@@ -277,8 +277,8 @@ class Portfolio(Policy):
             except (TypeError, ValueError) as exc:
                 raise ValueError(f"members[{i}] ({self.labels[i]}): {exc}") from None
             self.features.append(features)
-        keys = [(_learns_like(member), None if f is None else f.key) for member, f in zip(self.members, self.features)]
-        keys = [None if key[0] is None else key for key in keys]
+        keys = [None if (like := _learns_like(member)) is None else (like, features and features.key)
+                for member, features in zip(self.members, self.features)]  # fmt: skip
         #: member i takes its learning from member _leader[i] (itself when none before learns alike)
         self._leader = [keys.index(key) if key is not None else i for i, key in enumerate(keys)]
         self._scoring_only = False
