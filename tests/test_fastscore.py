@@ -20,7 +20,7 @@ from banditstream.decider import ActivePolicy, Decider
 from learner import _fastscore, features  # built by pip install; a missing build fails here
 from learner.domain import DomainSettings
 from learner.features import FeatureConfig, FeatureEncoder, Normalizer
-from learner.policies import _linear, base, make_policy
+from learner.policies import _fourier, _linear, base, make_policy
 
 
 @pytest.fixture
@@ -233,3 +233,66 @@ def test_the_draw_never_picks_an_index_of_probability_zero():
         for u in itertools.chain((0.0, 1.0 - 2**-53), np.random.default_rng(0).random(50)):
             chosen = _fastscore.choose(policy._arrays["factor"], slots, X, 0.1, None, 0, 0.0, 0.0, float(u), p)
             assert p[chosen] == 1.0 and chosen == base.draw_index(p, float(u))
+
+
+def _arguments(rng: np.random.Generator) -> np.ndarray:
+    """Cosine arguments a Fourier map meets and its edges: z-scored rows' (a few units), wide
+    ones, tiny ones, the multiples of pi/4 where the quadrant turns, the reduction's limit, and
+    the far, infinite and nan ones libm takes."""
+    edge = _fourier.COS_REDUCED
+    return np.concatenate(
+        [
+            rng.standard_normal(50_000) * 5.0,
+            rng.uniform(-1e5, 1e5, 20_000),
+            rng.uniform(-1e-6, 1e-6, 1_000),
+            np.arange(-400, 401) * (np.pi / 4),
+            np.nextafter(np.pi / 4 * np.arange(-8, 9), np.inf),
+            [0.0, -0.0, edge, -edge, np.nextafter(edge, np.inf), 2e6, -1e12, 1e300, np.inf, -np.inf, np.nan],
+        ]
+    )
+
+
+def test_the_fourier_cosine_is_the_same_bits_compiled_and_in_numpy_and_within_two_ulps_of_libm():
+    t = _arguments(np.random.default_rng(0))
+    ours = _fourier.fourier_cos(t)
+    out = np.empty((1, len(t) + 1))
+    _fastscore.fourier(t[None, :].copy(), np.ones(1), np.zeros(len(t)), 1.0, out)
+    assert out[0, 0] == 1.0
+    assert np.array_equal(out[0, 1:].view(np.int64), ours.view(np.int64))  # nan's bits too
+    finite = np.isfinite(t)
+    assert np.isnan(ours[~finite]).all()
+    libm = np.cos(t[finite])
+    ulps = np.abs(ours[finite] - libm) / np.spacing(np.maximum(np.abs(libm), 1e-300))
+    assert ulps.max() <= 2.0, t[finite][ulps.argmax()]
+    assert np.mean(ulps) < 0.25  # mostly the correctly rounded value
+
+
+def test_the_compiled_fourier_map_is_the_numpy_map_bit_for_bit(monkeypatch):
+    rng = np.random.default_rng(1)
+    for dim, n, scale in ((3, 1, 1.0), (8, 7, 0.5), (33, 128, 2.0)):
+        fmap = _fourier.FourierFeatures(dim, n, scale)
+        X = rng.standard_normal((40, dim)) * 3.0
+        X[:, 0] = 1.0
+        X[5, 1:] = 0.0  # only the intercept: m = 1
+        X[7] = X[6]
+        X[9, 1] = 1e7  # past the reduction: libm's cos on both paths
+        compiled = fmap(X)
+        with monkeypatch.context() as m:
+            m.setattr(_fourier, "_fastscore", None)
+            numpy = fmap(X)
+        assert compiled.shape == (40, n + 1) and (compiled[:, 0] == 1.0).all()
+        assert np.array_equal(compiled.view(np.int64), numpy.view(np.int64)), (dim, n)
+        phi = np.cos((X @ fmap.W) / (scale * np.sqrt(np.maximum(np.count_nonzero(X[:, 1:], axis=1), 1)))[:, None] + fmap.c)
+        assert np.allclose(compiled[:, 1:], _fourier.AMPLITUDE * phi, rtol=0, atol=1e-15)
+
+
+def test_the_compiled_fourier_map_refuses_arrays_that_disagree():
+    inner, out = np.zeros((2, 3)), np.empty((2, 4))
+    with pytest.raises(ValueError, match="disagree"):
+        _fastscore.fourier(inner, np.ones(3), np.zeros(3), 1.0, out)
+    with pytest.raises(ValueError, match="disagree"):
+        _fastscore.fourier(inner, np.ones(2), np.zeros(3), 1.0, np.empty((2, 3)))
+    with pytest.raises(TypeError, match="float64"):
+        _fastscore.fourier(inner.astype(np.float32), np.ones(2), np.zeros(3), 1.0, out)
+    with pytest.raises(ValueError, match="not C-contiguous"):
+        _fastscore.fourier(np.zeros((3, 2)).T, np.ones(2), np.zeros(3), 1.0, out)

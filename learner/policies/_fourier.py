@@ -15,6 +15,11 @@ encoder z-scores numeric features, so ``scale`` counts in their standard deviati
 sqrt(2) / 4 keeps each feature's variance near the ridge prior's scale. A linear model over
 ``phi`` approximates a Gaussian-kernel regression with ``n`` terms: it costs ``(n + 1)^2`` per
 learned row and ``n`` per scored candidate.
+
+The cosine is fdlibm's (:func:`fourier_cos`), in plain IEEE operations, rather than numpy's: it
+is what a Fourier member's learning spends most on, and libm's costs ~14 ns a value where the
+compiled copy in ``learner._fastscore.fourier`` costs a fraction of that; both copies give the
+same bits on any CPU, where numpy's ``cos`` may take another code path on another one.
 """
 
 from __future__ import annotations
@@ -23,9 +28,24 @@ import math
 
 import numpy as np
 
+try:
+    from learner import _fastscore
+except ImportError:  # not built: numpy below gives the same bits
+    _fastscore = None
+
 #: Amplitude of each feature: sqrt(2) is the kernel's, 1/4 brings the features' variance near the
 #: intercept's prior scale (measured with ``benchmarks/regret.py``'s datasets).
 AMPLITUDE = math.sqrt(2.0) / 4.0
+#: fdlibm's constants (k_sin.c, k_cos.c, e_rem_pio2.c): 2/pi; pi/2 in three parts, the first two
+#: of 33 bits, so ``n * PIO2_1`` and ``n * PIO2_2`` are exact for ``|n| < 2^20``; the sine's and
+#: the cosine's kernels on [-pi/4, pi/4]. Past ``COS_REDUCED`` the cosine is numpy's (C: libm's).
+INVPIO2, PIO2_1, PIO2_2, PIO2_2T = 6.36619772367581382433e-01, 1.57079632673412561417e00, 6.07710050630396597660e-11, 2.02226624879595063154e-21
+S1, S2, S3, S4, S5, S6 = (-1.66666666666666324348e-01, 8.33333333332248946124e-03, -1.98412698298579493134e-04,
+                          2.75573137070700676789e-06, -2.50507602534068634195e-08, 1.58969099521155010221e-10)
+C1, C2, C3, C4, C5, C6 = (4.16666666666666019037e-02, -1.38888888888741095749e-03, 2.48015872894767294178e-05,
+                          -2.75573143513906633035e-07, 2.08757232129817482790e-09, -1.13596475577881948265e-11)
+COS_REDUCED = 823549.6
+ROUNDER = 1.5 * 2.0**52
 #: Generator key, so the map depends on (dim, n) and nothing a process chooses.
 _KEY = 0x46F0
 
@@ -62,11 +82,38 @@ class FourierFeatures:
         if len(X) > 1 and (X == X[0]).all():  # a per-arm decide: every candidate's row is the context
             return np.repeat(self(X[:1]), len(X), axis=0)
         m = np.maximum(np.count_nonzero(X[:, self.keep], axis=1), 1)
+        denom = self.scale * np.sqrt(m)
         out = np.empty((X.shape[0], self.n + 1))
-        out[:, 0] = 1.0
         inner = X @ self.W
-        inner /= (self.scale * np.sqrt(m))[:, None]
+        if _fastscore is not None:
+            _fastscore.fourier(inner, denom, self.c, AMPLITUDE, out)
+            return out
+        out[:, 0] = 1.0
+        inner /= denom[:, None]
         inner += self.c
-        np.cos(inner, out=out[:, 1:])
+        out[:, 1:] = fourier_cos(inner)
         out[:, 1:] *= AMPLITUDE
         return out
+
+
+def fourier_cos(t: np.ndarray) -> np.ndarray:
+    """cos of every entry of ``t``, fdlibm's, in the operations ``learner._fastscore.fourier``
+    performs (the same bits): reduce by pi/2, then the sine or cosine kernel by quadrant."""
+    t = np.asarray(t, dtype=np.float64)
+    with np.errstate(invalid="ignore", over="ignore"):  # far, inf, nan: np.cos below, without a warning
+        n = (t * INVPIO2 + ROUNDER) - ROUNDER  # to the nearest integer, ties to even (np.rint's bits)
+        x = ((t - n * PIO2_1) - n * PIO2_2) - n * PIO2_2T
+        z = x * x
+        w = z * z
+        sine = x + (z * x) * (S1 + z * (S2 + z * (S3 + z * (S4 + z * (S5 + z * S6)))))
+        r = z * (C1 + z * (C2 + z * C3)) + w * w * (C4 + z * (C5 + z * C6))
+        hz = 0.5 * z
+        w = 1.0 - hz
+        cosine = w + (((1.0 - w) - hz) + z * r)
+        q = np.remainder(n, 4.0)
+        y = np.where(q % 2.0 == 1.0, sine, cosine)
+        y = np.where((q == 1.0) | (q == 2.0), -y, y)
+        far = ~(np.abs(t) <= COS_REDUCED)
+        if far.any():
+            y[far] = np.cos(t[far])
+    return y
