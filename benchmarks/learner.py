@@ -433,12 +433,11 @@ def ours_update_rate(rows: LabelledRows, cfg: BenchConfig, batches: int, policy:
             nonlocal offset
             touched = learner.update_batch(X, arms, rewards)
             offset += len(arms)
+            blobs = learner.arm_states_bytes(touched)  # as the worker encodes a block's arms
             shard.apply(
                 {
-                    ArmKey("bench", "main", "route", arm): ArmState(
-                        policy, dim, learner.update_count(arm), learner.arm_state_bytes(arm)
-                    )
-                    for arm in touched
+                    ArmKey("bench", "main", "route", arm): ArmState(policy, dim, learner.update_count(arm), blob)
+                    for arm, blob in zip(touched, blobs)
                 },
                 {source: offset},
             )

@@ -305,7 +305,7 @@ class ShardLearner:
         self._pending_block = None
         persisted = False
         if end > (self._stored or 0) and end >= self._persist_from:
-            states = {key: self._state(key) for key in sorted(self._unsaved)}
+            states = self._states(sorted(self._unsaved))
             resets = {twd: self._reset_times[twd] for twd in sorted(self._unsaved_resets)}
             self.shard.apply(states, {(self.topic, self.partition): end}, resets)
             self._stored = end
@@ -493,8 +493,24 @@ class ShardLearner:
             policy = self._policies[twd] = self.domains[key.domain].settings.make_policy()
         return policy
 
-    def _state(self, key: ArmKey) -> ArmState:
-        return self._state_of(self._policies[key[:3]], key)
+    def _states(self, keys: list[ArmKey]) -> dict[ArmKey, ArmState]:
+        """The arms' states to store, each domain's encoded in one pass over its arrays."""
+        by_domain: dict[tuple[str, str, str], list[ArmKey]] = {}
+        for key in keys:
+            by_domain.setdefault(key[:3], []).append(key)
+        states = {}
+        for twd, group in by_domain.items():
+            policy, model = self._policies[twd], self.domains[group[0].domain]
+            blobs = policy.arm_states_bytes([key.arm for key in group])
+            for key, blob in zip(group, blobs):
+                states[key] = ArmState(
+                    policy=model.policy,
+                    dimension=model.dimension,
+                    update_count=policy.update_count(key.arm),
+                    state=blob,
+                    feature_hash=model.feature_hash,
+                )
+        return {key: states[key] for key in keys}
 
     def _state_of(self, policy: Policy, key: ArmKey) -> ArmState:
         model = self.domains[key.domain]

@@ -430,6 +430,31 @@ def test_each_arm_round_trips_through_its_own_blob(name):
 
 
 @pytest.mark.parametrize("name", NAMES)
+def test_many_arms_encode_in_one_pass_to_each_arms_own_blob(name):
+    """``arm_states_bytes`` (the learner's write of a block's arms) is each arm's blob as the
+    frame encoder writes it from that arm's arrays alone, in the order asked, in both views;
+    an id JSON must escape is set into the header as any other."""
+    from learner.policies.base import _encode
+
+    policy = trained(name)
+    if not policy.shared:
+        policy.update_batch(np.ones((2, policy.dim)), ['q"\\é', "z"], [1.0, 0.0])
+    for view in (policy, policy.scoring_view()):
+        arms = view.arm_ids()[::-1]
+        blobs = view.arm_states_bytes(arms)
+        assert len(blobs) == len(arms) and len(set(blobs)) == len(arms)
+        for arm, blob in zip(arms, blobs):
+            header = {"policy": view.name, "kind": "arm", "view": view._view(), "dim": view.dim, "arm": arm}
+            if name == "portfolio":  # every member's arrays, prefixed m<i>.
+                header["members"] = view.labels
+                parts = [(f"m{m}.", member, member._existing_slot(arm)) for m, member in view._learners()]
+            else:
+                parts = [("", view, view._existing_slot(arm))]
+            arrays = {prefix + key: value[0] for prefix, of, slot in parts for key, value in of._view_arrays(np.array([slot])).items()}
+            assert blob == _encode(header, arrays) == view.arm_state_bytes(arm)
+
+
+@pytest.mark.parametrize("name", NAMES)
 def test_scoring_view_decides_like_the_policy_and_refuses_to_learn(name):
     policy = trained(name)
     expected = decisions(policy, 5, 40, rng=np.random.default_rng(8))

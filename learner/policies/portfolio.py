@@ -116,7 +116,7 @@ from typing import Any
 import numpy as np
 
 from learner.policies._fourier import FourierFeatures
-from learner.policies.base import Choice, Drift, Policy, Prior, _decode, _encode, canonical_arm, draw_index, valid_dim
+from learner.policies.base import Choice, Drift, Policy, Prior, _decode, _encode, _encode_arms, canonical_arm, draw_index, valid_dim
 from learner.policies.errors import ScoringOnlyError, StateFormatError
 
 __all__ = ["DEFAULT_LEVEL", "DEFAULT_MEMBERS", "MAX_SWITCHES", "Portfolio", "describe_state"]
@@ -718,15 +718,16 @@ class Portfolio(Policy):
             member._load_view(slots, _of_member(arrays, portfolio._leader[i]), view, count=None)
         return portfolio
 
-    def arm_state_bytes(self, arm: Any) -> bytes:
-        canon = canonical_arm(arm)
-        arrays: dict[str, np.ndarray] = {}
+    def arm_states_bytes(self, arms: Sequence[Any]) -> list[bytes]:
+        """Each arm's members' states in one blob (arrays ``m<i>.<name>``), every member's
+        arrays read for all the arms at once."""
+        canons = [canonical_arm(arm) for arm in arms]
+        stacked: dict[str, np.ndarray] = {}
         for m, member in self._learners():
-            stacked = member._view_arrays(np.array([member._existing_slot(arm)]))
-            arrays.update((f"m{m}.{name}", value[0]) for name, value in stacked.items())
-        header = {"policy": self.name, "kind": "arm", "view": self._view(), "dim": self.dim, "arm": canon,
-                  "members": self.labels}  # fmt: skip
-        return _encode(header, arrays)
+            slots = np.array([member._existing_slot(arm) for arm in canons], dtype=np.intp)
+            stacked.update((f"m{m}.{name}", value) for name, value in member._view_arrays(slots).items())
+        header = {"policy": self.name, "kind": "arm", "view": self._view(), "dim": self.dim, "members": self.labels}
+        return _encode_arms(header, canons, stacked)
 
     def load_arm_state(self, arm: Any, data: bytes) -> None:
         """Every member's state of one arm from :meth:`arm_state_bytes`; all or nothing.
