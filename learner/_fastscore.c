@@ -1102,13 +1102,14 @@ detect(PyObject *module, PyObject *args)
 
 /* ---- random Fourier features (learner/policies/_fourier.py: FourierFeatures) -----------------
  *
- * phi's cosines are most of a Fourier member's learning: libm's cos costs ~14 ns a value here,
- * 1.8 ms of a 1,000-row batch of 128 features. fourier_cos() is a cosine of fdlibm's (Sun,
- * public domain: k_sin.c, k_cos.c) in plain IEEE operations, so _fourier.py's numpy copy of it
- * gives the same bits, on any CPU: Cody-Waite reduction by pi/2 in three parts (n * PIO2_1 and
- * n * PIO2_2 exact for |n| < 2^20), then the sine or cosine kernel on [-pi/4, pi/4] by quadrant.
- * Its error is within an ulp or two of the true cosine. Past COS_REDUCED (|t| ~ 823,550, rows
- * far outside a z-scored range) it is libm's cos. */
+ * phi's cosines were most of a Fourier member's learning: libm's cos costs ~14 ns a value here,
+ * 1.8 ms of a 1,000-row batch of 128 features; these cost ~2 ns (AVX2) to 4 ns (SSE2). The
+ * cosine is fdlibm's (Sun, public domain: k_sin.c, k_cos.c) in plain IEEE operations, lane by
+ * lane, so _fourier.py's numpy copy of it (fourier_cos) gives the same bits, on any CPU:
+ * Cody-Waite reduction by pi/2 in three parts (n * PIO2_1 and n * PIO2_2 exact for
+ * |n| < 2^20), then the sine or cosine kernel on [-pi/4, pi/4] by quadrant. Its error is within
+ * two ulps of libm's. Past COS_REDUCED (|t| ~ 823,550, rows far outside a z-scored range) it
+ * is libm's cos. */
 
 #define COS_REDUCED 823549.6
 #define ROUNDER 6755399441055744.0 /* 1.5 * 2^52: v + ROUNDER - ROUNDER rounds v (|v| < 2^51) */
@@ -1121,47 +1122,81 @@ static const double C1 = 4.16666666666666019037e-02, C2 = -1.3888888888874109574
                     C3 = 2.48015872894767294178e-05, C4 = -2.75573143513906633035e-07,
                     C5 = 2.08757232129817482790e-09, C6 = -1.13596475577881948265e-11;
 
-/* fourier_cos on two values at once (the same operations on each lane, so the same bits as one
- * at a time): both kernels, then the quadrant n mod 4, the low bits of shifted's mantissa, picks
- * one and its sign by bits, as a branch on a random quadrant would be mispredicted half the time. */
+/* fourier_cos on two (v2) or four (v4) values at once, the same operations on each lane, so the
+ * same bits as one at a time: both kernels, then the quadrant n mod 4, the low bits of
+ * shifted's mantissa, picks one and its sign by bits (a branch on a random quadrant would be
+ * mispredicted half the time). */
 typedef int64_t i2 __attribute__((vector_size(16)));
+typedef int64_t i4 __attribute__((vector_size(32)));
 
-static inline v2
-fourier_cos2(v2 t)
+#define FOURIER_COS(V, I)                                                                          \
+    static inline __attribute__((always_inline)) V fourier_cos_##V(V t)                            \
+    {                                                                                              \
+        V shifted = t * INVPIO2 + ROUNDER, n = shifted - ROUNDER; /* rounded, ties to even */      \
+        V x = ((t - n * PIO2_1) - n * PIO2_2) - n * PIO2_2T;                                       \
+        V z = x * x, w = z * z;                                                                    \
+        V sine = x + (z * x) * (S1 + z * (S2 + z * (S3 + z * (S4 + z * (S5 + z * S6)))));           \
+        V r = z * (C1 + z * (C2 + z * C3)) + w * w * (C4 + z * (C5 + z * C6));                     \
+        V hz = 0.5 * z;                                                                            \
+        w = 1.0 - hz;                                                                              \
+        V cosine = w + (((1.0 - w) - hz) + z * r);                                                 \
+        I q = (I)shifted, odd = -(q & 1);                                                          \
+        return (V)((((I)sine & odd) | ((I)cosine & ~odd)) ^ (((q + 1) & 2) << 62));                \
+    }
+
+FOURIER_COS(v2, i2)
+FOURIER_COS(v4, i4)
+
+/* k rows of phi (see fourier()), four features at a time in the AVX2 copy, two otherwise; the
+ * arguments past COS_REDUCED, which the reduction would get wrong, are redone with libm's cos. */
+static inline __attribute__((always_inline)) void
+fourier_rows(const double *I, const double *D, const double *C, double amplitude, double *O, Py_ssize_t k,
+             Py_ssize_t n, int wide)
 {
-    v2 shifted = t * INVPIO2 + ROUNDER, n = shifted - ROUNDER; /* t * 2 / pi rounded, ties to even */
-    v2 x = ((t - n * PIO2_1) - n * PIO2_2) - n * PIO2_2T;
-    v2 z = x * x, w = z * z;
-    v2 sine = x + (z * x) * (S1 + z * (S2 + z * (S3 + z * (S4 + z * (S5 + z * S6)))));
-    v2 r = z * (C1 + z * (C2 + z * C3)) + w * w * (C4 + z * (C5 + z * C6));
-    v2 hz = 0.5 * z;
-    w = 1.0 - hz;
-    v2 cosine = w + (((1.0 - w) - hz) + z * r);
-    i2 q = (i2)shifted, odd = -(q & 1);
-    return (v2)((((i2)sine & odd) | ((i2)cosine & ~odd)) ^ (((q + 1) & 2) << 62));
+    for (Py_ssize_t i = 0; i < k; i++) {
+        const double *inner = I + i * n, d = D[i];
+        double *o = O + i * (n + 1);
+        int far = 0;
+        Py_ssize_t j = 0;
+        o[0] = 1.0;
+        if (wide)
+            for (; j + 4 <= n; j += 4) {
+                v4 t = load4(inner + j) / d + load4(C + j);
+                i4 out = (t > COS_REDUCED) | (t < -COS_REDUCED) | (t != t);
+                far |= (out[0] | out[1] | out[2] | out[3]) != 0;
+                store4(o + 1 + j, fourier_cos_v4(t) * amplitude);
+            }
+        for (; j < n; j += 2) {
+            v2 t = (j + 1 < n) ? load2(inner + j) / d + load2(C + j) : (v2){inner[j] / d + C[j], 0.0};
+            far |= !(fabs(t[0]) <= COS_REDUCED) || !(fabs(t[1]) <= COS_REDUCED);
+            v2 y = fourier_cos_v2(t) * amplitude;
+            o[1 + j] = y[0];
+            if (j + 1 < n)
+                o[2 + j] = y[1];
+        }
+        for (j = 0; far && j < n; j++) {
+            double t = inner[j] / d + C[j];
+            if (!(fabs(t) <= COS_REDUCED))
+                o[1 + j] = cos(t) * amplitude;
+        }
+    }
 }
 
-/* One row of phi, two features at a time; the arguments past COS_REDUCED, which the reduction
- * would get wrong, are redone with libm's cos. */
 static void
-fourier_row(const double *inner, double d, const double *c, double amplitude, double *o, Py_ssize_t n)
+fourier_narrow(const double *I, const double *D, const double *C, double amplitude, double *O, Py_ssize_t k, Py_ssize_t n)
 {
-    int far = 0;
-    o[0] = 1.0;
-    for (Py_ssize_t j = 0; j < n; j += 2) {
-        v2 t = (j + 1 < n) ? load2(inner + j) / d + load2(c + j) : (v2){inner[j] / d + c[j], 0.0};
-        far |= !(fabs(t[0]) <= COS_REDUCED) || !(fabs(t[1]) <= COS_REDUCED);
-        v2 y = fourier_cos2(t) * amplitude;
-        o[1 + j] = y[0];
-        if (j + 1 < n)
-            o[2 + j] = y[1];
-    }
-    for (Py_ssize_t j = 0; far && j < n; j++) {
-        double t = inner[j] / d + c[j];
-        if (!(fabs(t) <= COS_REDUCED))
-            o[1 + j] = cos(t) * amplitude;
-    }
+    fourier_rows(I, D, C, amplitude, O, k, n, 0);
 }
+
+#ifdef HAVE_WIDE
+__attribute__((target("avx2"))) static void
+fourier_wide(const double *I, const double *D, const double *C, double amplitude, double *O, Py_ssize_t k, Py_ssize_t n)
+{
+    fourier_rows(I, D, C, amplitude, O, k, n, 1);
+}
+#else
+#define fourier_wide fourier_narrow
+#endif
 
 PyDoc_STRVAR(fourier_doc,
 "fourier(inner, denom, c, amplitude, out)\n\n"
@@ -1199,11 +1234,9 @@ fourier(PyObject *module, PyObject *args)
     if (!ok)
         PyErr_SetString(PyExc_ValueError, "fourier: inner (k, n), denom (k,), c (n,) and out (k, n + 1) disagree");
     else {
-        const double *I = inner.buf, *D = denom.buf, *C = c.buf;
-        double *O = out.buf;
+        int wide = WIDE;
         Py_BEGIN_ALLOW_THREADS
-        for (Py_ssize_t i = 0; i < k; i++)
-            fourier_row(I + i * n, D[i], C, amplitude, O + i * (n + 1), n);
+        (wide ? fourier_wide : fourier_narrow)(inner.buf, denom.buf, c.buf, amplitude, out.buf, k, n);
         Py_END_ALLOW_THREADS
     }
     PyBuffer_Release(&inner);
