@@ -406,7 +406,7 @@ def test_the_default_domain_hands_over_to_its_fourier_member_where_rewards_are_n
         portfolio = default.make_policy(seed=1)
         regret, _ = _play_default(portfolio, z, means)
         alone, _ = _play_default(make_policy("lin_igw", dim=dim, seed=1), z, means)
-        assert portfolio.acting_label == "lin_igw(alpha=0,fourier=128)", (seed, portfolio.switches)
+        assert portfolio.acting_label == "lin_igw(alpha=0,detect=False,fourier=128)", (seed, portfolio.switches)
         assert regret < 0.7 * alone, (seed, regret, alone)
 
 
@@ -414,14 +414,14 @@ def test_the_default_domain_decides_as_lin_igw_on_stationary_traffic_and_hands_o
     default = DomainSettings()
     dim = default.features.dimension
     assert default.policy == "portfolio"
-    assert default.make_policy().labels == ["lin_igw", "lin_igw(gamma=0.995)", "lin_igw(alpha=0,fourier=128)"]
+    assert default.make_policy().labels == ["lin_igw", "lin_igw(gamma=0.995)", "lin_igw(alpha=0,detect=False,fourier=128)"]
     for seed in (0, 1, 2):
         z, means = _rotating_world(seed, rotate=False)
         portfolio = default.make_policy(seed=1)
         regret, played = _play_default(portfolio, z, means)
         alone, alone_played = _play_default(make_policy("lin_igw", dim=dim, seed=1), z, means)
         assert regret <= 1.01 * alone, (seed, regret, alone, portfolio.switches)  # a late switch to forgetting may pay
-        assert all(switch["to"] != "lin_igw(alpha=0,fourier=128)" for switch in portfolio.switches), portfolio.switches
+        assert all(switch["to"] != "lin_igw(alpha=0,detect=False,fourier=128)" for switch in portfolio.switches), portfolio.switches
         # up to its first switch (with none: the whole run) it decides as lin_igw alone, to the draw
         first = portfolio.switches[0]["rows"] if portfolio.switches else len(z)
         assert first > len(z) // 4 and played[:first] == alone_played[:first]
@@ -464,6 +464,28 @@ def test_state_of_the_previous_default_loads_into_the_members_it_names_the_new_o
     for arm in ARMS:
         again.load_arm_state(arm, now.arm_state_bytes(arm))
         assert again.arm_state_bytes(arm) == now.arm_state_bytes(arm)
+
+
+def test_state_of_the_default_whose_fourier_member_ran_a_detector_loads_into_the_member_without_one():
+    """The default's Fourier member lost its change detector (2026-11-28), and its label with it:
+    an arm state that names the old label loads into the new member, the detector's arrays left
+    out, bit for bit what the new member learns from the same rows (the detector never fired)."""
+    pair = [{"policy": "lin_igw"}, {"policy": "lin_igw", "gamma": 0.995}]
+    before = make_policy("portfolio", dim=4, seed=0, members=[*pair, {"policy": "lin_igw", "alpha": 0, "fourier": 128}])
+    assert before.labels[2] == "lin_igw(alpha=0,fourier=128)"
+    now, fresh = make_policy("portfolio", dim=4, seed=0), make_policy("portfolio", dim=4, seed=0)
+    rng = np.random.default_rng(0)
+    X, arms, rewards = contexts(rng, 300)[:, [0, 1, 2, 2]], list(rng.choice(ARMS, 300)), rng.random(300)
+    before.update_batch(X, arms, rewards)
+    fresh.update_batch(X, arms, rewards)
+    assert sum(before.members[2].drift(arm).alarms for arm in ARMS) == 0
+    for arm in ARMS:
+        now.load_arm_state(arm, before.arm_state_bytes(arm))
+        assert now.arm_state_bytes(arm) == fresh.arm_state_bytes(arm)
+    # a portfolio that names the old member keeps it, detector and all
+    named = make_policy("portfolio", dim=4, seed=0, members=[*pair, {"policy": "lin_igw", "alpha": 0, "fourier": 128}])
+    named.load_arm_state(ARMS[0], before.arm_state_bytes(ARMS[0]))
+    assert named.arm_state_bytes(ARMS[0]) == before.arm_state_bytes(ARMS[0])
 
 
 def test_a_fourier_member_learns_on_its_features_and_every_view_of_it_decides_alike():
