@@ -500,25 +500,19 @@ class ShardLearner:
             by_domain.setdefault(key[:3], []).append(key)
         states = {}
         for twd, group in by_domain.items():
-            policy, model = self._policies[twd], self.domains[group[0].domain]
+            policy = self._policies[twd]
             blobs = policy.arm_states_bytes([key.arm for key in group])
-            for key, blob in zip(group, blobs):
-                states[key] = ArmState(
-                    policy=model.policy,
-                    dimension=model.dimension,
-                    update_count=policy.update_count(key.arm),
-                    state=blob,
-                    feature_hash=model.feature_hash,
-                )
+            states.update((key, self._state_of(policy, key, blob)) for key, blob in zip(group, blobs))
         return {key: states[key] for key in keys}
 
-    def _state_of(self, policy: Policy, key: ArmKey) -> ArmState:
+    def _state_of(self, policy: Policy, key: ArmKey, blob: bytes | None = None) -> ArmState:
+        """The arm's state as the store keeps it (``blob``: its policy state, when encoded already)."""
         model = self.domains[key.domain]
         return ArmState(
             policy=model.policy,
             dimension=model.dimension,
             update_count=policy.update_count(key.arm),
-            state=policy.arm_state_bytes(key.arm),
+            state=policy.arm_state_bytes(key.arm) if blob is None else blob,
             feature_hash=model.feature_hash,
         )
 
