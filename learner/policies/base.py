@@ -1098,7 +1098,8 @@ def _encode_arms(header: dict[str, Any], arms: Sequence[str], stacked: Mapping[s
     for i, arm in enumerate(arms):
         head = (before + json.dumps(arm) + after).encode("utf-8")
         pad = b"\0" * (-(_HEAD.size + len(head)) % 8)
-        body = b"".join([_HEAD.pack(_MAGIC, FORMAT_MAJOR, FORMAT_MINOR, 0, len(head)), head, pad, *(column[i].data for column in columns)])
+        frame = _HEAD.pack(_MAGIC, FORMAT_MAJOR, FORMAT_MINOR, 0, len(head))
+        body = b"".join([frame, head, pad, *(column[i].data for column in columns)])
         blobs.append(body + _CRC.pack(zlib.crc32(body)))
     return blobs
 

@@ -746,12 +746,10 @@ class Portfolio(Policy):
         canon = self._check_arm_header(header, arm)
         learned_by = header.get("members")
         renamed: set[int] = set()
-        if isinstance(learned_by, list) and learned_by != self.labels:
-            for j, label in enumerate(learned_by):
-                now = _RENAMED.get(label) if isinstance(label, str) and label not in self.labels else None
-                if now in self.labels:
-                    learned_by = [*learned_by[:j], now, *learned_by[j + 1 :]]
-                    renamed.add(j)
+        if isinstance(learned_by, list) and learned_by != self.labels:  # a renamed member loads as the new one
+            renamed = {j for j, label in enumerate(learned_by)
+                       if isinstance(label, str) and label not in self.labels and _RENAMED.get(label) in self.labels}  # fmt: skip
+            learned_by = [_RENAMED[label] if j in renamed else label for j, label in enumerate(learned_by)]
         if learned_by == self.labels:
             self._check_carried(arrays)
             sources = {i: self._leader[i] for i in range(len(self.members))}
@@ -770,8 +768,9 @@ class Portfolio(Policy):
                     member._slot_of(canon)
                     continue
                 own = _of_member(arrays, sources[i])
-                if sources[i] in renamed:  # the member has since lost its detector: the rest is its state
-                    own = {name: value for name, value in own.items() if not name.startswith("detect_") or name in member._detector_specs()}
+                if sources[i] in renamed:  # it has since lost its detector: the rest is its state
+                    detector = member._detector_specs()
+                    own = {name: value for name, value in own.items() if not name.startswith("detect_") or name in detector}
                 stacked = {name: value[None, ...] for name, value in own.items()}
                 member._load_view(np.array([member._slot_of(canon)]), stacked, self._view(), count=None)
                 done.append(i)
