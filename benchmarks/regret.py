@@ -376,8 +376,11 @@ def _variant_settings(params: dict[str, Any]) -> DomainSettings:
 def _alone(member: dict[str, Any]) -> dict[str, Any]:
     """A member run alone, as a variant's params. A Fourier member exists only in a portfolio:
     it runs as the acting member of one that never switches (the other member learns beside it
-    and is never asked)."""
+    and is never asked). A member that takes another's alarms (``alarms_from``) runs its own
+    change detector instead: alone, nobody else raises them."""
     member = {k: v for k, v in member.items() if k != "label"}
+    if "alarms_from" in member:
+        member = {**{k: v for k, v in member.items() if k != "alarms_from"}, "detect": True}
     if "fourier" not in member:
         return member
     return {"policy": "portfolio", "members": [member, {"policy": "lin_igw"}], "min_rows": 2**62}

@@ -389,6 +389,10 @@ def _play_default(policy: Policy, z: np.ndarray, means: np.ndarray, batch: int =
     return regret, played
 
 
+#: The default's Fourier member, as snapshots and switches name it
+FOURIER = 'lin_igw(alarms_from="lin_igw",alpha=0,detect=False,fourier=128)'
+
+
 def _xor_world(seed: int, steps: int = 10_000) -> tuple[np.ndarray, np.ndarray]:
     """Contexts (steps, 10) and five arms' expected rewards: arm k pays when features 2k and
     2k + 1 have the same sign, which no linear model of the context holds (each feature alone
@@ -406,7 +410,7 @@ def test_the_default_domain_hands_over_to_its_fourier_member_where_rewards_are_n
         portfolio = default.make_policy(seed=1)
         regret, _ = _play_default(portfolio, z, means)
         alone, _ = _play_default(make_policy("lin_igw", dim=dim, seed=1), z, means)
-        assert portfolio.acting_label == "lin_igw(alpha=0,detect=False,fourier=128)", (seed, portfolio.switches)
+        assert portfolio.acting_label == FOURIER, (seed, portfolio.switches)
         assert regret < 0.7 * alone, (seed, regret, alone)
 
 
@@ -414,14 +418,14 @@ def test_the_default_domain_decides_as_lin_igw_on_stationary_traffic_and_hands_o
     default = DomainSettings()
     dim = default.features.dimension
     assert default.policy == "portfolio"
-    assert default.make_policy().labels == ["lin_igw", "lin_igw(gamma=0.995)", "lin_igw(alpha=0,detect=False,fourier=128)"]
+    assert default.make_policy().labels == ["lin_igw", "lin_igw(gamma=0.995)", FOURIER]
     for seed in (0, 1, 2):
         z, means = _rotating_world(seed, rotate=False)
         portfolio = default.make_policy(seed=1)
         regret, played = _play_default(portfolio, z, means)
         alone, alone_played = _play_default(make_policy("lin_igw", dim=dim, seed=1), z, means)
         assert regret <= 1.01 * alone, (seed, regret, alone, portfolio.switches)  # a late switch to forgetting may pay
-        assert all(switch["to"] != "lin_igw(alpha=0,detect=False,fourier=128)" for switch in portfolio.switches), portfolio.switches
+        assert all(switch["to"] != FOURIER for switch in portfolio.switches), portfolio.switches
         # up to its first switch (with none: the whole run) it decides as lin_igw alone, to the draw
         first = portfolio.switches[0]["rows"] if portfolio.switches else len(z)
         assert first > len(z) // 4 and played[:first] == alone_played[:first]
@@ -466,10 +470,11 @@ def test_state_of_the_previous_default_loads_into_the_members_it_names_the_new_o
         assert again.arm_state_bytes(arm) == now.arm_state_bytes(arm)
 
 
-def test_state_of_the_default_whose_fourier_member_ran_a_detector_loads_into_the_member_without_one():
-    """The default's Fourier member lost its change detector (2026-11-28), and its label with it:
-    an arm state that names the old label loads into the new member, the detector's arrays left
-    out, bit for bit what the new member learns from the same rows (the detector never fired)."""
+def test_state_of_the_default_whose_fourier_member_ran_its_own_detector_loads_into_the_new_member():
+    """The default's Fourier member traded its change detector for ``lin_igw``'s alarms
+    (2026-11-28), and its label with it: an arm state that names the old label loads into the
+    new member, the detector's arrays left out, bit for bit what the new member learns from the
+    same rows (no detector fired)."""
     pair = [{"policy": "lin_igw"}, {"policy": "lin_igw", "gamma": 0.995}]
     before = make_policy("portfolio", dim=4, seed=0, members=[*pair, {"policy": "lin_igw", "alpha": 0, "fourier": 128}])
     assert before.labels[2] == "lin_igw(alpha=0,fourier=128)"
@@ -478,7 +483,7 @@ def test_state_of_the_default_whose_fourier_member_ran_a_detector_loads_into_the
     X, arms, rewards = contexts(rng, 300)[:, [0, 1, 2, 2]], list(rng.choice(ARMS, 300)), rng.random(300)
     before.update_batch(X, arms, rewards)
     fresh.update_batch(X, arms, rewards)
-    assert sum(before.members[2].drift(arm).alarms for arm in ARMS) == 0
+    assert sum(before.members[2].drift(arm).alarms + fresh.members[0].drift(arm).alarms for arm in ARMS) == 0
     for arm in ARMS:
         now.load_arm_state(arm, before.arm_state_bytes(arm))
         assert now.arm_state_bytes(arm) == fresh.arm_state_bytes(arm)
@@ -486,6 +491,69 @@ def test_state_of_the_default_whose_fourier_member_ran_a_detector_loads_into_the
     named = make_policy("portfolio", dim=4, seed=0, members=[*pair, {"policy": "lin_igw", "alpha": 0, "fourier": 128}])
     named.load_arm_state(ARMS[0], before.arm_state_bytes(ARMS[0]))
     assert named.arm_state_bytes(ARMS[0]) == before.arm_state_bytes(ARMS[0])
+
+
+def test_a_member_with_alarms_from_starts_an_arm_over_when_the_named_members_detector_flags_it():
+    """``alarms_from``: the arm ``lin_igw``'s detector flags goes back to its prior in the
+    taking member too, before the batch that raised the alarm is learned; the other arms keep
+    learning as the member would alone."""
+    taker = {"policy": "lin_igw", "alpha": 0, "detect": False}
+    portfolio = make_policy("portfolio", dim=3, members=[{"policy": "lin_igw"}, {**taker, "alarms_from": "lin_igw"}])
+    alone = make_policy("lin_igw", dim=3, alpha=0, detect=False)
+    rng = np.random.default_rng(0)
+    shifted = None
+    for batch in range(12):
+        X = contexts(rng, 200)
+        arms = [ARMS[k] for k in rng.integers(0, 3, 200)]
+        rewards = X @ [0.2, 0.5, -0.3] + rng.normal(0, 0.1, 200)
+        if batch >= 8:  # arm a's rewards jump by 50 noise sds
+            rewards += 5.0 * np.array([arm == "a" for arm in arms])
+        before = portfolio.members[0].drift("a").alarms if batch else 0
+        portfolio.update_batch(X, arms, rewards)
+        alone.update_batch(X, arms, rewards)
+        if shifted is None and portfolio.members[0].drift("a").alarms > before:
+            shifted = batch
+            fresh = make_policy("lin_igw", dim=3, alpha=0, detect=False)  # the prior, then this batch alone
+            mine = [arm == "a" for arm in arms]
+            fresh.update_batch(X[mine], ["a"] * sum(mine), rewards[mine])
+            taking = portfolio.members[1]
+            for stat in ("A", "b"):  # the statistics; its count of rows learned goes on, as a detector's reset leaves it
+                assert np.array_equal(taking._arrays[stat][taking._slot["a"]], fresh._arrays[stat][fresh._slot["a"]])
+    assert shifted == 8 and portfolio.members[0].drift("b").alarms == portfolio.members[0].drift("c").alarms == 0
+    for arm in ("b", "c"):
+        assert portfolio.members[1].arm_state_bytes(arm) == alone.arm_state_bytes(arm)
+    assert portfolio.members[1].arm_state_bytes("a") != alone.arm_state_bytes("a")
+
+
+def test_alarms_from_must_name_an_earlier_member_with_a_detector():
+    member = {"policy": "lin_igw", "detect": False}
+    with pytest.raises(ValueError, match=r"members\[1\]\.alarms_from: 'ucb' is not the label of an earlier member"):
+        make_policy("portfolio", dim=3, members=[{"policy": "lin_igw"}, {**member, "alarms_from": "ucb"}])
+    with pytest.raises(ValueError, match=r"members\[0\]\.alarms_from: 'lin_igw\(detect=false\)' is not the label of an earlier"):
+        make_policy("portfolio", dim=3, members=[{**member, "alarms_from": "lin_igw(detect=false)"}, member])
+    with pytest.raises(ValueError, match=r"members\[1\]\.alarms_from: member 'quiet' runs no change detector"):
+        make_policy("portfolio", dim=3, members=[{**member, "label": "quiet"}, {"policy": "lin_igw", "alarms_from": "quiet"}])
+    # the taking member learns unlike one that takes no alarms, so they never share their learning
+    portfolio = make_policy("portfolio", dim=3, members=[{"policy": "lin_igw"}, member, {**member, "alarms_from": "lin_igw"}])
+    assert portfolio._leader == [0, 1, 2]
+
+
+def test_the_defaults_fourier_member_follows_a_nonlinear_world_that_flips_through_lin_igws_alarms():
+    """An XOR world whose every arm's good half turns bad at 5,000 steps: the Fourier member
+    acts before the flip, and with ``lin_igw``'s alarms it starts the flagged arms over; without
+    them it keeps acting on the old world's statistics (here 2.6 times the regret after the flip)."""
+    z, means = _xor_world(0, steps=8_000)
+    means[5_000:] = 1.0 - means[5_000:]
+    members = [dict(m) for m in DomainSettings().make_policy().specs]
+    assert members[2].pop("alarms_from") == "lin_igw"
+    default = DomainSettings().make_policy(seed=1)
+    without = DomainSettings(policy="portfolio", params={"members": members}).make_policy(seed=1)
+    regret, played = _play_default(default, z, means)
+    regret_without, played_without = _play_default(without, z, means)
+    idx = np.arange(5_000, 8_000)
+    after, after_without = (float((means[idx].max(axis=1) - means[idx, np.array(p)[idx]]).sum()) for p in (played, played_without))
+    assert default.switches[0]["to"] == FOURIER and default.switches[0]["rows"] < 5_000
+    assert after < 0.6 * after_without, (after, after_without, default.switches, without.switches)
 
 
 def test_a_fourier_member_learns_on_its_features_and_every_view_of_it_decides_alike():

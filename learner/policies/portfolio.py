@@ -77,6 +77,14 @@ it gives that member (learning, deciding, scoring) and every process rebuilds th
 the parameters, so its states, snapshots and decisions are as exact as any member's. The default
 holds one.
 
+**Change detection.** A per-arm linear member runs its change detector on its own residuals
+(:mod:`learner.policies._detect`) unless it names ``detect: false``. A member may instead take
+an earlier member's alarms, ``alarms_from: <its label>``: whenever that member's detector flags
+an arm, this member's statistics of the arm go back to its prior too, before it learns the batch
+that raised the alarm (as its own detector would with ``detect_keep`` 0). The default's Fourier
+member does: residuals at 129 entries cost a stacked solve a batch, ``lin_igw``'s at the row's
+width a fraction of that, and a change of the world moves both.
+
 **Deciding.** :meth:`Portfolio.probabilities` is the acting member's, floor included: the
 logged propensity is the probability the acting member drew the action with, exact as its own.
 With ``mix`` > 0 it is a mixture: ``(1 - mix)`` the acting member's distribution and ``mix`` the
@@ -135,18 +143,21 @@ MIN_ROWS_PER_ARM = 20
 #: as ``lin_igw`` alone. Chosen by ``benchmarks/regret.py`` (README, "Which policy"): ``gamma``
 #: 0.998 did not catch the slow drift; 64 features lost to the plain row on digits and 80 on
 #: digits and breast_cancer (12-17 %); 256 cost four times the learning of 128 for 0-20 % less
-#: regret. The Fourier member runs no change detector: it never raised an alarm on the suite
-#: (every decision was the same without it, B = 200 and 1), drift is the forgetting member's to
-#: catch, and the detector's stacked solve at 129 entries was a fifth of the default's learning.
+#: regret. The Fourier member runs no change detector of its own: it takes ``lin_igw``'s alarms
+#: (``alarms_from``), so an arm whose rewards changed starts over in both. Its own detector's
+#: stacked solve at 129 entries was a fifth of the default's learning; without any, a nonlinear
+#: world that flips mid-stream cost 2.5 times the regret (the Fourier member kept acting on the
+#: old world's statistics); with ``lin_igw``'s alarms, as with its own detector.
 DEFAULT_MEMBERS = (
     {"policy": "lin_igw"},
     {"policy": "lin_igw", "gamma": 0.995},
-    {"policy": "lin_igw", "alpha": 0, "fourier": 128, "detect": False},
+    {"policy": "lin_igw", "alpha": 0, "fourier": 128, "detect": False, "alarms_from": "lin_igw"},
 )
 #: Labels default members had before, and what they are now: an arm state that names the old one
-#: loads into the new (:meth:`Portfolio.load_arm_state`). The Fourier member lost its change
-#: detector on 2026-11-28 (its detector's arrays in such a state are left out).
-_RENAMED = {"lin_igw(alpha=0,fourier=128)": "lin_igw(alpha=0,detect=False,fourier=128)"}
+#: loads into the new (:meth:`Portfolio.load_arm_state`). The Fourier member traded its change
+#: detector for ``lin_igw``'s alarms on 2026-11-28 (its detector's arrays in such a state are
+#: left out).
+_RENAMED = {"lin_igw(alpha=0,fourier=128)": 'lin_igw(alarms_from="lin_igw",alpha=0,detect=False,fourier=128)'}
 #: ``level``'s default. The selection looks again at every batch, and at 95 % a bound crossed
 #: zero by chance on stationary traffic often enough to cost it: 8-11 % more regret than
 #: ``lin_igw`` alone on breast_cancer, heavy_tail and many_arms at B = 200. At 0.9999 the datasets
@@ -164,6 +175,10 @@ COMMON = ("eps0", "gamma", "half_life_s", "prior_mean", "prior_strength", "arm_p
 _DECIDING = frozenset({"alpha", "v", "n_draws", "gamma_scale", "gamma_exponent", "eps0", "seed"})
 #: Member keys the portfolio reads itself: the member learns on random Fourier features of the row.
 _FEATURES = ("fourier", "fourier_scale")
+#: ... and ``alarms_from``: the label of an earlier member whose change detector's alarms send
+#: this member's flagged arms back to their prior too (see "Change detection" in the module
+#: docstring).
+_READ_BY_PORTFOLIO = (*_FEATURES, "alarms_from")
 _SELECTION = ("select_n", "select_reward", "select_d", "select_c", "select_s", "select_w", "select_w2", "select_e", "select_rows")
 #: Per logged row, what a member's past squared errors keep of their weight when the portfolio
 #: picks its reward model (:meth:`Portfolio.reward_model`): a half-life of 1,000 rows, so after a
@@ -276,7 +291,7 @@ class Portfolio(Policy):
                 raise ValueError(f"members[{i}].policy: unknown policy {spec['policy']!r}; known: {', '.join(sorted(POLICIES))}")
             if cls.shared or cls is Portfolio:
                 raise ValueError(f"members[{i}].policy: {spec['policy']!r} cannot be a member; members are per-arm policies")
-            params = {**self.common, **{k: v for k, v in spec.items() if k not in ("policy", "label", *_FEATURES)}}
+            params = {**self.common, **{k: v for k, v in spec.items() if k not in ("policy", "label", *_READ_BY_PORTFOLIO)}}
             try:
                 features = FourierFeatures(self.dim, spec["fourier"], spec.get("fourier_scale", 1.0)) if "fourier" in spec else None
                 dim = self.dim if features is None else features.out_dim
@@ -284,14 +299,30 @@ class Portfolio(Policy):
             except (TypeError, ValueError) as exc:
                 raise ValueError(f"members[{i}] ({self.labels[i]}): {exc}") from None
             self.features.append(features)
-        keys = [None if (like := _learns_like(member)) is None else (like, features and features.key)
-                for member, features in zip(self.members, self.features)]  # fmt: skip
+        #: member i's flagged arms also go back to their prior when member _alarms_from[i] flags them
+        self._alarms_from = [self._alarm_source(i, spec) for i, spec in enumerate(self.specs)]
+        keys = [None if (like := _learns_like(member)) is None else (like, features and features.key, source)
+                for member, features, source in zip(self.members, self.features, self._alarms_from)]  # fmt: skip
         #: member i takes its learning from member _leader[i] (itself when none before learns alike)
         self._leader = [keys.index(key) if key is not None else i for i, key in enumerate(keys)]
         self._scoring_only = False
         self.acting = 0
         self.switches: list[dict[str, Any]] = []
         self._clear_selection()
+
+    def _alarm_source(self, i: int, spec: Mapping[str, Any]) -> int | None:
+        """The index of the member named by member i's ``alarms_from`` (None without one): an
+        earlier member that runs a change detector."""
+        if "alarms_from" not in spec:
+            return None
+        name = spec["alarms_from"]
+        source = self.labels.index(name) if isinstance(name, str) and name in self.labels[:i] else None
+        if source is None:
+            raise ValueError(f"members[{i}].alarms_from: {name!r} is not the label of an earlier member "
+                             f"(the earlier ones: {self.labels[:i]})")  # fmt: skip
+        if not getattr(self.members[source], "detect", False):
+            raise ValueError(f"members[{i}].alarms_from: member {name!r} runs no change detector")
+        return source
 
     def _clear_selection(self) -> None:
         m = len(self.members)
@@ -388,13 +419,31 @@ class Portfolio(Policy):
         for member in self.members[1:]:  # every member's check before any member learns
             member._check_times(times, len(rewards))
         rows = self._member_rows(X)
+        watched = {s for s in self._alarms_from if s is not None}
+        before = {s: self._alarm_counts(s, dict.fromkeys(arms)) for s in watched}
         touched = self.members[0].update_batch(rows[0], arms, rewards, weights, times)
         for i, member in enumerate(self.members[1:], 1):
+            source = self._alarms_from[i]
+            if source is not None:  # the source learned the batch before this member does
+                flagged = [arm for arm, alarms in self._alarm_counts(source, touched).items() if alarms > before[source].get(arm, 0)]
+                if flagged:
+                    member._forget(np.array([member._slot_of(arm) for arm in flagged], dtype=np.intp), np.zeros(len(flagged)))
             if self._leader[i] == i:
                 member.update_batch(rows[i], arms, rewards, weights, times)
             else:
                 _take_learning(self.members[self._leader[i]], member, touched)
         return touched
+
+    def _alarm_counts(self, m: int, arms: Any) -> dict[str, int]:
+        """Member m's detector alarms so far on each of ``arms`` (by canonical id; 0 for an arm it
+        has not seen)."""
+        member = self.members[m]
+        counts = {}
+        for arm in arms:
+            canon = canonical_arm(arm)
+            slot = member._slot.get(canon)
+            counts[canon] = 0 if slot is None else member._alarms(slot)
+        return counts
 
     # --- deciding --------------------------------------------------------------------------------
 
