@@ -548,8 +548,8 @@ def test_the_defaults_fourier_member_follows_a_nonlinear_world_that_flips_throug
     assert members[2].pop("alarms_from") == "lin_igw"
     default = DomainSettings().make_policy(seed=1)
     without = DomainSettings(policy="portfolio", params={"members": members}).make_policy(seed=1)
-    regret, played = _play_default(default, z, means)
-    regret_without, played_without = _play_default(without, z, means)
+    _, played = _play_default(default, z, means)
+    _, played_without = _play_default(without, z, means)
     idx = np.arange(5_000, 8_000)
     after, after_without = (float((means[idx].max(axis=1) - means[idx, np.array(p)[idx]]).sum()) for p in (played, played_without))
     assert default.switches[0]["to"] == FOURIER and default.switches[0]["rows"] < 5_000

@@ -425,7 +425,8 @@ class Portfolio(Policy):
         for i, member in enumerate(self.members[1:], 1):
             source = self._alarms_from[i]
             if source is not None:  # the source learned the batch before this member does
-                flagged = [arm for arm, alarms in self._alarm_counts(source, touched).items() if alarms > before[source].get(arm, 0)]
+                now = self._alarm_counts(source, touched)
+                flagged = [arm for arm, alarms in now.items() if alarms > before[source].get(arm, 0)]
                 if flagged:
                     member._forget(np.array([member._slot_of(arm) for arm in flagged], dtype=np.intp), np.zeros(len(flagged)))
             if self._leader[i] == i:
