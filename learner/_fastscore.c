@@ -1209,40 +1209,34 @@ fourier(PyObject *module, PyObject *args)
 {
     PyObject *o_inner, *o_denom, *o_c, *o_out;
     double amplitude;
+    if (!PyArg_ParseTuple(args, "OOOdO:fourier", &o_inner, &o_denom, &o_c, &amplitude, &o_out))
+        return NULL;
     Py_buffer inner, denom, c, out;
-    if (!PyArg_ParseTuple(args, "OOOdO", &o_inner, &o_denom, &o_c, &amplitude, &o_out))
-        return NULL;
-    if (get_array(o_inner, &inner, 2, 'd', 0, "inner") < 0)
-        return NULL;
-    if (get_array(o_denom, &denom, 1, 'd', 0, "denom") < 0) {
-        PyBuffer_Release(&inner);
-        return NULL;
+    int have_inner = 0, have_denom = 0, have_c = 0, have_out = 0, ok;
+    ok = (have_inner = get_array(o_inner, &inner, 2, 'd', 0, "inner") == 0)
+         && (have_denom = get_array(o_denom, &denom, 1, 'd', 0, "denom") == 0)
+         && (have_c = get_array(o_c, &c, 1, 'd', 0, "c") == 0)
+         && (have_out = get_array(o_out, &out, 2, 'd', 1, "out") == 0);
+    if (ok) {
+        Py_ssize_t k = inner.shape[0], n = inner.shape[1];
+        if (denom.shape[0] != k || c.shape[0] != n || out.shape[0] != k || out.shape[1] != n + 1) {
+            PyErr_SetString(PyExc_ValueError, "fourier: inner (k, n), denom (k,), c (n,) and out (k, n + 1) disagree");
+            ok = 0;
+        } else {
+            int wide = WIDE;
+            Py_BEGIN_ALLOW_THREADS
+            (wide ? fourier_wide : fourier_narrow)(inner.buf, denom.buf, c.buf, amplitude, out.buf, k, n);
+            Py_END_ALLOW_THREADS
+        }
     }
-    if (get_array(o_c, &c, 1, 'd', 0, "c") < 0) {
-        PyBuffer_Release(&inner);
-        PyBuffer_Release(&denom);
-        return NULL;
-    }
-    if (get_array(o_out, &out, 2, 'd', 1, "out") < 0) {
-        PyBuffer_Release(&inner);
-        PyBuffer_Release(&denom);
+    if (have_out)
+        PyBuffer_Release(&out);
+    if (have_c)
         PyBuffer_Release(&c);
-        return NULL;
-    }
-    Py_ssize_t k = inner.shape[0], n = inner.shape[1];
-    int ok = denom.shape[0] == k && c.shape[0] == n && out.shape[0] == k && out.shape[1] == n + 1;
-    if (!ok)
-        PyErr_SetString(PyExc_ValueError, "fourier: inner (k, n), denom (k,), c (n,) and out (k, n + 1) disagree");
-    else {
-        int wide = WIDE;
-        Py_BEGIN_ALLOW_THREADS
-        (wide ? fourier_wide : fourier_narrow)(inner.buf, denom.buf, c.buf, amplitude, out.buf, k, n);
-        Py_END_ALLOW_THREADS
-    }
-    PyBuffer_Release(&inner);
-    PyBuffer_Release(&denom);
-    PyBuffer_Release(&c);
-    PyBuffer_Release(&out);
+    if (have_denom)
+        PyBuffer_Release(&denom);
+    if (have_inner)
+        PyBuffer_Release(&inner);
     if (!ok)
         return NULL;
     Py_RETURN_NONE;

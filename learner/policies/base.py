@@ -1066,42 +1066,40 @@ def gaussian_argmax_frequencies(
 # --- the binary frame ------------------------------------------------------------------------------
 
 
-def _encode(header: dict[str, Any], arrays: Mapping[str, np.ndarray]) -> bytes:
-    parts: list[bytes] = []
-    spec = []
-    for name, value in arrays.items():
-        value = np.asarray(value)
-        dtype = "<i8" if value.dtype.kind in "iu" else "<f8"
-        spec.append([name, dtype, list(value.shape)])
-        parts.append(np.ascontiguousarray(value, dtype=_DTYPES[dtype]).tobytes())
-    header = {**header, "arrays": spec}
-    text = json.dumps(header, sort_keys=True, separators=(",", ":"), allow_nan=False).encode("utf-8")
-    pad = b"\0" * (-(_HEAD.size + len(text)) % 8)
-    body = b"".join([_HEAD.pack(_MAGIC, FORMAT_MAJOR, FORMAT_MINOR, 0, len(text)), text, pad, *parts])
+def _column(name: str, value: Any, shape: Sequence[int]) -> tuple[list[Any], np.ndarray]:
+    """An array's header entry ``[name, dtype, shape]`` and the array in that dtype, contiguous."""
+    value = np.asarray(value)
+    dtype = "<i8" if value.dtype.kind in "iu" else "<f8"
+    return [name, dtype, list(shape)], np.ascontiguousarray(value, dtype=_DTYPES[dtype])
+
+
+def _frame(head: bytes, parts: Sequence[Any]) -> bytes:
+    """The blob: frame header, JSON header, padding to 8 bytes, the arrays' bytes, CRC-32."""
+    pad = b"\0" * (-(_HEAD.size + len(head)) % 8)
+    body = b"".join([_HEAD.pack(_MAGIC, FORMAT_MAJOR, FORMAT_MINOR, 0, len(head)), head, pad, *parts])
     return body + _CRC.pack(zlib.crc32(body))
+
+
+def _header_text(header: dict[str, Any]) -> str:
+    return json.dumps(header, sort_keys=True, separators=(",", ":"), allow_nan=False)
+
+
+def _encode(header: dict[str, Any], arrays: Mapping[str, np.ndarray]) -> bytes:
+    spec, parts = zip(*(_column(name, value, np.shape(value)) for name, value in arrays.items())) if arrays else ((), ())
+    return _frame(_header_text({**header, "arrays": list(spec)}).encode("utf-8"), [part.data for part in parts])
 
 
 def _encode_arms(header: dict[str, Any], arms: Sequence[str], stacked: Mapping[str, np.ndarray]) -> list[bytes]:
     """``_encode({**header, "arm": arms[i]}, {name: value[i] for name, value in stacked})`` for
     each arm i, with the header serialised once (the arm's id set in per arm) and each arm's
     arrays joined straight from the stacked ones."""
-    spec, columns = [], []
-    for name, value in stacked.items():
-        value = np.asarray(value)
-        dtype = "<i8" if value.dtype.kind in "iu" else "<f8"
-        spec.append([name, dtype, list(value.shape[1:])])
-        columns.append(np.ascontiguousarray(value, dtype=_DTYPES[dtype]))
-    mark = json.dumps(_ARM_MARK)
-    text = json.dumps({**header, "arm": _ARM_MARK, "arrays": spec}, sort_keys=True, separators=(",", ":"), allow_nan=False)
-    before, _, after = text.partition(mark)  # "arm" sorts before every other key of the header
-    blobs = []
-    for i, arm in enumerate(arms):
-        head = (before + json.dumps(arm) + after).encode("utf-8")
-        pad = b"\0" * (-(_HEAD.size + len(head)) % 8)
-        frame = _HEAD.pack(_MAGIC, FORMAT_MAJOR, FORMAT_MINOR, 0, len(head))
-        body = b"".join([frame, head, pad, *(column[i].data for column in columns)])
-        blobs.append(body + _CRC.pack(zlib.crc32(body)))
-    return blobs
+    spec, columns = zip(*(_column(name, value, np.shape(value)[1:]) for name, value in stacked.items()))
+    text = _header_text({**header, "arm": _ARM_MARK, "arrays": list(spec)})
+    before, _, after = text.partition(json.dumps(_ARM_MARK))  # "arm" sorts before every other key
+    return [
+        _frame((before + json.dumps(arm) + after).encode("utf-8"), [column[i].data for column in columns])
+        for i, arm in enumerate(arms)
+    ]
 
 
 def _decode(data: bytes) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
