@@ -25,12 +25,20 @@ The workflow of a worker, and the one guarantee it relies on::
 the stored offset always says exactly which updates the stored state contains: replaying
 the topic from it applies nothing twice and loses nothing.
 
-Durability: the write-ahead log is always on. With ``sync=False`` (the default) a batch is
-in the operating system's page cache when ``apply`` returns: it survives the process being
-killed (``kill -9``, OOM, a crash) but not a power loss or kernel panic, which may drop the
-last batches - consistently, since RocksDB recovers the WAL to a point in time and offsets
-travel with the state; the worker then replays those updates from Kafka. ``sync=True``
-fsyncs every batch (survives power loss; costs an fsync per batch).
+Durability comes in three settings; in each, what survives a crash is a prefix of the
+batches applied, whole, with the offsets that say exactly where it ends, so the worker
+replays the rest from Kafka and ends with the same bytes:
+
+* ``wal=True, sync=False`` (the store's default): the write-ahead log is on, and a batch is
+  in the operating system's page cache when ``apply`` returns. It survives the process
+  being killed (``kill -9``, OOM, a crash) but not a power loss or kernel panic, which may
+  drop the last batches (RocksDB recovers the log to a point in time).
+* ``sync=True``: the log is fsynced every batch (survives power loss; costs an fsync).
+* ``wal=False`` (the learner's default, ``learn.wal``): no log. Batches live in RocksDB's
+  memtable until :meth:`Shard.flush` (or a full memtable, or ``close``) writes them to a
+  table file; a crash loses the batches since the last flush, which Kafka replays. The
+  update topic is the log, as Kafka Streams does with its changelog. It saves writing and
+  checksumming every state twice: about a third of the default policy's update time.
 
 Keys sort by tenant, workspace, domain, arm (NUL-separated UTF-8; ids may not contain
 NUL), so "every arm of a domain" is a prefix scan. Values are wrapped in an envelope
@@ -284,7 +292,8 @@ def _decode_state(value: bytes, shard: str, raw_key: bytes) -> ArmState:
 class PosteriorStore:
     """The shards of one worker, each a RocksDB database under ``root``.
 
-    ``sync``: fsync every :meth:`Shard.apply` (see the module's durability note).
+    ``sync``: fsync every :meth:`Shard.apply`; ``wal``: write the write-ahead log (see the
+    module's durability note; ``sync`` needs the log).
     ``write_buffer_bytes``: RocksDB memtable size per shard; the live state of a shard is
     its arms' state, so a few times that is plenty (default 64 MiB).
     """
@@ -294,10 +303,14 @@ class PosteriorStore:
         root: str | Path,
         *,
         sync: bool = False,
+        wal: bool = True,
         write_buffer_bytes: int = 64 << 20,
     ) -> None:
+        if sync and not wal:
+            raise ValueError("sync=True fsyncs the write-ahead log, so it needs wal=True")
         self.root = Path(root)
         self.sync = sync
+        self.wal = wal
         self.write_buffer_bytes = write_buffer_bytes
         self._shards: dict[int, Shard] = {}
         self._lock = threading.Lock()
@@ -320,6 +333,7 @@ class PosteriorStore:
                     path,
                     partition,
                     sync=self.sync,
+                    wal=self.wal,
                     write_buffer_bytes=self.write_buffer_bytes,
                 )
                 self._shards[partition] = shard
@@ -337,6 +351,13 @@ class PosteriorStore:
             shard = self._shards.pop(partition, None)
         if shard is not None:
             shard.close()
+
+    def flush(self, *, wait: bool = True) -> None:
+        """:meth:`Shard.flush` every open shard."""
+        with self._lock:
+            shards = list(self._shards.values())
+        for shard in shards:
+            shard.flush(wait=wait)
 
     def all_domain_arms(self, tenant: str, workspace: str, domain: str) -> dict[str, ArmState]:
         """Every arm of a domain across the open shards.
@@ -381,8 +402,16 @@ class Shard:
     """
 
     def __init__(
-        self, path: Path, partition: int, *, sync: bool = False, write_buffer_bytes: int = 64 << 20
+        self,
+        path: Path,
+        partition: int,
+        *,
+        sync: bool = False,
+        wal: bool = True,
+        write_buffer_bytes: int = 64 << 20,
     ) -> None:
+        if sync and not wal:
+            raise ValueError("sync=True fsyncs the write-ahead log, so it needs wal=True")
         self.path = Path(path)
         self.partition = partition
         self.name = self.path.name
@@ -395,7 +424,8 @@ class Shard:
         options.set_keep_log_file_num(4)
         self._write_options = rocksdict.WriteOptions()
         self._write_options.sync = sync
-        self._write_options.disable_wal = False
+        self._write_options.disable_wal = not wal
+        self.wal = wal
         try:
             self._db: rocksdict.Rdict | None = rocksdict.Rdict(str(self.path), options)
         except Exception as error:  # rocksdict raises bare Exception (lock held, foreign DB)
@@ -509,6 +539,13 @@ class Shard:
         rocksdict.Checkpoint(self._open_db()).create_checkpoint(str(dest))
         return dest
 
+    def flush(self, *, wait: bool = True) -> None:
+        """Write the memtable to a table file. With ``wal=False`` this is what makes the batches
+        applied so far survive a crash; ``wait=False`` schedules it in RocksDB's background
+        thread (batches applied meanwhile go to a new memtable, so whatever a crash keeps is
+        still a prefix of whole batches)."""
+        self._open_db().flush(wait)
+
     def compact(self) -> None:
         """Flush and compact the whole shard, dropping overwritten state versions now."""
         db = self._open_db()
@@ -519,6 +556,8 @@ class Shard:
         """Flush and close the database; later calls raise :class:`ShardClosed`."""
         db, self._db = self._db, None
         if db is not None:
+            if not self.wal:
+                db.flush(True)
             db.close()
 
     def __enter__(self) -> Shard:

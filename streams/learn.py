@@ -28,7 +28,11 @@ The workflow, in the order a record meets it:
    sequence, and a worker restarting on its own disk reproduces the uninterrupted run **bit
    for bit**. A block is complete when its last offset, or any later one, was read (offsets
    may have gaps). The trailing, incomplete block is folded into scratch copies only when
-   publishing; a restart re-reads it (at most ``B - 1`` records per partition).
+   publishing; a restart re-reads it (at most ``B - 1`` records per partition). The write
+   batches skip RocksDB's write-ahead log (``options.wal``, off by default): the updates topic
+   is the log. Each publication flushes the shards in the background, so after a crash a
+   shard holds the blocks up to its last finished flush, whole, with their offset, and the
+   restart reads the blocks after it again: the same blocks, so the same bytes.
 4. **Skip what is not learned as acted.** UpdateEvents whose ``mode`` is ``shadow`` or ``off``
    describe decisions the policy did not act on: they are counted
    (``banditstream_updates_not_learned{mode}``) and kept out of the posterior (they stay on
@@ -197,6 +201,11 @@ class LearnerOptions:
     flush_timeout_s: float = 30.0
     #: How long reading the posterior topic for a rebuild may take.
     rebuild_timeout_s: float = 120.0
+    #: Write RocksDB's write-ahead log. Off by default: the updates topic is the log. Each
+    #: publication flushes the shards (in the background), and a crash loses only the blocks
+    #: since then, which the restart reads again from the topic and folds to the same bytes.
+    #: Turn it on when the topic's retention may not outlast the time between publications.
+    wal: bool = False
 
     def __post_init__(self) -> None:
         for name in ("block_size", "emit_every_updates", "max_poll_records"):
@@ -207,6 +216,8 @@ class LearnerOptions:
         for name in ("emit_every_s", "poll_timeout_s", "flush_timeout_s", "rebuild_timeout_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+        if not isinstance(self.wal, bool):
+            raise ValueError(f"wal must be true or false, got {self.wal!r}")
 
     @classmethod
     def from_extra(cls, extra: Mapping[str, Any]) -> LearnerOptions:
@@ -241,7 +252,7 @@ class Learner:
         registry = config.registry_client()
         self.update_serde = config.serde("update", topic=self.topic, registry=registry)
         self.posterior_serde = config.serde("posterior", topic=config.topics.posterior, registry=registry)
-        self.store = PosteriorStore(config.state_dir / WORKER)
+        self.store = PosteriorStore(config.state_dir / WORKER, wal=self.options.wal)
 
         self.metrics = WorkerMetrics(WORKER)
         registry_ = self.metrics.registry
@@ -464,6 +475,10 @@ class Learner:
         Returns whether every publication was delivered. On failure nothing is committed and
         the models stay marked as changed, so the next publication carries them again.
         """
+        if not self.options.wal:  # the blocks folded so far survive a crash once this lands
+            for partition in partitions:
+                if partition in self._shards:
+                    self._shards[partition].shard.flush(wait=False)
         posterior = self.config.topics.posterior
         produced: list[tuple[int, int, set[ArmKey]]] = []
         failures_before = self._delivery_failures

@@ -39,6 +39,7 @@ def test_file_then_environment_overrides(tmp_path):
     assert settings.domains["cache"].mode == "shadow"
     assert settings.domains["routing"].features.vector_dim == 16
     assert load_settings(env={"BANDITSTREAM_LEARN__EMIT_EVERY_S": "0.5"}).worker_config().extra["learn"] == {"emit_every_s": 0.5}
+    assert load_settings(env={"BANDITSTREAM_LEARN__WAL": "true"}).worker_config().extra["learn"] == {"wal": True}
     limits = settings.validation_limits()
     assert set(limits.domains) == {"routing", "cache"} and limits.domains["routing"].vector_dim == 16
 
@@ -88,6 +89,7 @@ def test_yaml_and_json_files_and_the_config_env_var(tmp_path):
         ({"BANDITSTREAM_JOIN__BATCH_MAX": "0"}, "join: batch_max must be > 0, got 0"),
         ({"BANDITSTREAM_JOIN__BATCH_WITHIN_S": "-0.1"}, "join: batch_within_s must be > 0, got -0.1"),
         ({"BANDITSTREAM_LEARN__BLOCK_SIZE": "-1"}, "learn: block_size must be >= 1, got -1"),
+        ({"BANDITSTREAM_LEARN__WAL": "sometimes"}, "learn: wal must be true or false, got 'sometimes'"),
         ({"BANDITSTREAM_PUBLISH__ON_DRIFT": "ignore"}, "publish.on_drift"),
     ],
 )

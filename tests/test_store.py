@@ -162,7 +162,7 @@ def test_ids_that_cannot_be_encoded_are_refused(tmp_path, key, message):
 # -- crash mid-batch -----------------------------------------------------------------------
 
 # The writer resumes from the store (as a worker does), then applies batch after batch until
-# it is killed. Batch i touches arm j when j <= i and (i + j) % 3 != 0 (arms join over time,
+# it is killed. Without the write-ahead log it flushes every fifth batch and says so. Batch i touches arm j when j <= i and (i + j) % 3 != 0 (arms join over time,
 # each batch a different subset); arm j's payload after batch i is filled with i * 100 + j
 # and every touch adds 50 updates. The stored offset n * 1000 therefore fixes exactly what
 # every arm must hold.
@@ -174,7 +174,8 @@ WRITER = textwrap.dedent(
     import numpy as np
     from learner.store import ArmKey, ArmState, PosteriorStore
 
-    shard = PosteriorStore(sys.argv[1]).shard(5)
+    wal = sys.argv[2] == "wal"
+    shard = PosteriorStore(sys.argv[1], wal=wal).shard(5)
     i = shard.offsets().get(("{UPDATES}", 5), 0) // 1000
     counts = {{}}
     for j in range({ARMS}):
@@ -193,6 +194,9 @@ WRITER = textwrap.dedent(
         if i % 10 == 0:
             print("applied", i, flush=True)
         i += 1
+        if not wal and i % 5 == 0:
+            shard.flush()
+            print("flushed", i, flush=True)
     """
 )
 
@@ -207,12 +211,13 @@ def expected_after(batches: int) -> dict[str, tuple[int, int]]:
     return expected
 
 
-def test_writer_killed_mid_run_leaves_whole_batches_matching_the_stored_offset(tmp_path):
+@pytest.mark.parametrize("log", ["wal", "no-wal"])
+def test_writer_killed_mid_run_leaves_whole_batches_matching_the_stored_offset(tmp_path, log):
     rng = random.Random(20261122)
     done = 0
     for _ in range(4):
         writer = subprocess.Popen(
-            [sys.executable, "-c", WRITER, str(tmp_path)],
+            [sys.executable, "-c", WRITER, str(tmp_path), log],
             cwd=REPO,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -220,7 +225,7 @@ def test_writer_killed_mid_run_leaves_whole_batches_matching_the_stored_offset(t
         )
         try:
             started = writer.stdout.readline()
-            assert started.startswith("applied"), writer.stderr.read()
+            assert started.startswith(("applied", "flushed")), started or writer.stderr.read()  # "": it died
             # sleep into the stream of batches (each ~1 MB, written as one batch)
             try:
                 writer.wait(timeout=rng.uniform(0.05, 0.5))
@@ -231,6 +236,8 @@ def test_writer_killed_mid_run_leaves_whole_batches_matching_the_stored_offset(t
             writer.send_signal(signal.SIGKILL)
             writer.wait()
         assert writer.returncode == -signal.SIGKILL
+        lines = [started, *writer.stdout.read().splitlines()]
+        flushed = [int(line.split()[1]) for line in lines if line.startswith("flushed")]
 
         with PosteriorStore(tmp_path) as store:
             shard = store.shard(5)
@@ -238,7 +245,11 @@ def test_writer_killed_mid_run_leaves_whole_batches_matching_the_stored_offset(t
             batches, remainder = divmod(offsets[(UPDATES, 5)], 1000)
             assert remainder == 0
             assert offsets[("bandit.replay", 5)] == batches * 7
-            assert batches > done  # the writer made progress since the last kill
+            if log == "wal":
+                assert batches > done  # the writer made progress since the last kill
+            else:  # every flushed batch survived; later ones may not have
+                assert batches >= max(flushed, default=done)
+                assert batches >= done
             arms = shard.domain_arms("t", "w", "d")
             expected = expected_after(batches)
             assert sorted(arms) == sorted(expected)
@@ -248,6 +259,39 @@ def test_writer_killed_mid_run_leaves_whole_batches_matching_the_stored_offset(t
                 assert values.shape == (D * D + D,)
                 assert (values == last_batch * 100 + int(arm[3:])).all(), arm
         done = batches
+
+
+LOSES_UNFLUSHED = textwrap.dedent(
+    f"""
+    import os, sys
+    from learner.store import ArmKey, ArmState, PosteriorStore
+
+    shard = PosteriorStore(sys.argv[1], wal=sys.argv[2] == "wal").shard(5)
+    for i in range(3):
+        state = ArmState("lin_ts", 1, i + 1, bytes([i]) * 8)
+        shard.apply({{ArmKey("t", "w", "d", "a"): state}}, {{("{UPDATES}", 5): (i + 1) * 1000}})
+        if i == 1:
+            shard.flush()
+    os._exit(0)  # as a crash: no close, no flush
+    """
+)
+
+
+@pytest.mark.parametrize(("log", "kept"), [("wal", 3), ("no-wal", 2)])
+def test_without_the_log_a_crash_keeps_exactly_the_flushed_batches(tmp_path, log, kept):
+    """The learner's default (``wal=False``) trades the batches since the last flush, which
+    Kafka replays, for not writing every state twice; the log keeps every batch."""
+    subprocess.run([sys.executable, "-c", LOSES_UNFLUSHED, str(tmp_path), log], cwd=REPO, check=True)
+    with PosteriorStore(tmp_path) as store:
+        shard = store.shard(5)
+        assert shard.offsets() == {(UPDATES, 5): kept * 1000}
+        state = shard.get(ArmKey("t", "w", "d", "a"))
+        assert (state.update_count, state.state) == (kept, bytes([kept - 1]) * 8)
+
+
+def test_sync_without_the_log_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="needs wal=True"):
+        PosteriorStore(tmp_path, sync=True, wal=False)
 
 
 # -- corruption ----------------------------------------------------------------------------
