@@ -86,10 +86,13 @@ def test_learned_posterior_equals_the_in_process_fold_of_the_same_updates(kafka,
     updates = h.make_updates(30_000, seed=1)
     produced = h.produce(kafka, topics.updates, h.encode_updates(updates))
     block = 256
-    config = h.worker_config(kafka, topics, tmp_path, group_id="learn-t1", block_size=block)
+    # with RocksDB's write-ahead log (learn.wal), which every other test leaves at its default, off
+    config = h.worker_config(kafka, topics, tmp_path, group_id="learn-t1", block_size=block, wal=True)
 
     with learner_in_thread(config) as learner:
         h.wait_published(kafka, "learn-t1", topics, produced.ends(), timeout=90)
+        assert learner.store.open_partitions == list(range(topics.update_partitions))
+        assert all(learner.store.shard(p).wal for p in learner.store.open_partitions)
         not_learned = {m: h.metric(learner.metrics.port, "banditstream_updates_not_learned_total", mode=m) for m in SKIPPED}
         records_in = h.metric(learner.metrics.port, "banditstream_records_in_total")
 
