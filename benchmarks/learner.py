@@ -414,9 +414,11 @@ def best_rate(measure: Callable[[], float], repeats: int) -> float:
 def ours_update_rate(rows: LabelledRows, cfg: BenchConfig, batches: int, policy: str) -> float:
     """Rows/s of the worker's loop: ``update_batch``, then one ``Shard.apply`` per batch holding
     every touched arm's state and the consumed offset (one RocksDB write batch), with the
-    learner's default durability: no write-ahead log, and a background flush of the shard
-    every ``emit_every_updates`` rows, where the worker publishes (at these rates it publishes
-    by count, not by time)."""
+    learner's default durability: no write-ahead log, and a flush of the shard every
+    ``emit_every_updates`` rows, where the worker publishes (at these rates it publishes by
+    count, not by time). The worker starts that flush in the background and waits for it
+    before it commits, while its records go to Kafka; without Kafka here, the whole flush is
+    waited for."""
     from learner.policies import make_policy
     from learner.store import ArmKey, ArmState, PosteriorStore
     from streams.learn import LearnerOptions
@@ -439,7 +441,7 @@ def ours_update_rate(rows: LabelledRows, cfg: BenchConfig, batches: int, policy:
             published = offset // options.emit_every_updates
             offset += len(arms)
             if not options.wal and offset // options.emit_every_updates > published:
-                shard.flush(wait=False)  # as the worker's publication does
+                shard.flush(wait=True)  # as the worker does by the time its publication commits
             blobs = learner.arm_states_bytes(touched)  # as the worker encodes a block's arms
             shard.apply(
                 {
@@ -632,7 +634,7 @@ class Bench:
         self.results["update_method"] = (
             f"lin_ucb (lin_ts shares its update), {cfg.update_arms} arms, {cfg.update_batch_rows:,}-row batches, "
             f"update_batch + one Shard.apply (touched arms + offset) per batch, the learner's durability "
-            f"(no WAL, a background flush every {LearnerOptions().emit_every_updates:,} rows); best of {cfg.repeats} runs"
+            f"(no WAL, a flush every {LearnerOptions().emit_every_updates:,} rows, waited for); best of {cfg.repeats} runs"
         )
         self.results["vw_update_method"] = (
             f"Workspace.learn(list of text lines) per row, all {cfg.update_arms} ADF arms, -q sa, "

@@ -30,9 +30,11 @@ The workflow, in the order a record meets it:
    may have gaps). The trailing, incomplete block is folded into scratch copies only when
    publishing; a restart re-reads it (at most ``B - 1`` records per partition). The write
    batches skip RocksDB's write-ahead log (``options.wal``, off by default): the updates topic
-   is the log. Each publication flushes the shards in the background, so after a crash a
-   shard holds the blocks up to its last finished flush, whole, with their offset, and the
-   restart reads the blocks after it again: the same blocks, so the same bytes.
+   is the log. Each publication flushes the shards (in the background while its records go
+   out, and finished before the group's offset is committed). After a crash a shard holds
+   whole blocks and their offset, every complete block before the committed offset among
+   them, and the restart reads the records after that offset again: the same blocks, so the
+   same bytes.
 4. **Skip what is not learned as acted.** UpdateEvents whose ``mode`` is ``shadow`` or ``off``
    describe decisions the policy did not act on: they are counted
    (``banditstream_updates_not_learned{mode}``) and kept out of the posterior (they stay on
@@ -202,7 +204,7 @@ class LearnerOptions:
     #: How long reading the posterior topic for a rebuild may take.
     rebuild_timeout_s: float = 120.0
     #: Write RocksDB's write-ahead log. Off by default: the updates topic is the log. Each
-    #: publication flushes the shards (in the background), and a crash loses only the blocks
+    #: publication flushes the shards before it commits, and a crash loses only the blocks
     #: since then, which the restart reads again from the topic and folds to the same bytes.
     #: Turn it on when the topic's retention may not outlast the time between publications.
     wal: bool = False
@@ -475,10 +477,8 @@ class Learner:
         Returns whether every publication was delivered. On failure nothing is committed and
         the models stay marked as changed, so the next publication carries them again.
         """
-        if not self.options.wal:  # the blocks folded so far survive a crash once this lands
-            for partition in partitions:
-                if partition in self._shards:
-                    self._shards[partition].shard.flush(wait=False)
+        if not self.options.wal:  # the blocks folded so far: to disk while the records go out
+            self._flush_stores(partitions, wait=False)
         posterior = self.config.topics.posterior
         produced: list[tuple[int, int, set[ArmKey]]] = []
         failures_before = self._delivery_failures
@@ -528,6 +528,10 @@ class Learner:
             self._shards[partition].dirty.difference_update(keys)
             self._publish_all.discard(partition)
             offsets.append(TopicPartition(self.topic, partition, watermark))
+        # Nor the blocks the store holds: after a crash the store has every block before the
+        # committed offset (waits for the flush started above, if it has not finished).
+        if not self.options.wal:
+            self._flush_stores([partition for partition, _, _ in produced], wait=True)
         # A committed offset never passes a bad record whose dead letter is not on the topic:
         # a restart checks again from the committed offset on (see _open).
         if self.dead_letters.settle(self.options.flush_timeout_s):
@@ -536,6 +540,11 @@ class Learner:
             log.warning("offsets not committed: %d dead letters not acknowledged; sending them again",
                         self.dead_letters.outstanding)
         return True
+
+    def _flush_stores(self, partitions: list[int], *, wait: bool) -> None:
+        for partition in partitions:
+            if partition in self._shards:
+                self._shards[partition].shard.flush(wait=wait)
 
     def _produce(self, topic: str, partition: int, key: str, value: bytes) -> None:
         while True:

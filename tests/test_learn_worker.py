@@ -404,6 +404,31 @@ def test_sigterm_flushes_state_publishes_commits_and_exits_0(kafka, topics, tmp_
     assert "Traceback" not in log
 
 
+def test_without_a_write_ahead_log_a_kill_after_a_commit_keeps_every_block_before_it(kafka, topics, tmp_path):
+    """The default (``learn.wal`` off): the publication's flush finishes before the commit."""
+    ensure_topics(kafka, topics)
+    port = free_port()
+    config = h.write_config(tmp_path / "learn.json", kafka, topics, tmp_path / "state", port, doomed=True)
+    process = h.start_learner(config, tmp_path / "learn.log")
+    try:
+        produced = h.produce(kafka, topics.updates, h.encode_updates(h.make_updates(10_000, seed=9)))
+        ends = produced.ends()
+        group = f"banditstream-learn.{topics.updates}"
+
+        def committed_all():
+            assert process.poll() is None, f"learner exited with {process.returncode}"
+            return h.committed(kafka, group, topics.updates, 4) == {p: ends.get(p, 0) for p in range(4)}
+
+        h.wait_until(committed_all, 90, "the learner to commit every update")
+    finally:
+        process.kill()
+    assert process.wait(10) == -signal.SIGKILL
+    stored = stored_shards(tmp_path / "state", topics.updates, 4)
+    for partition, end in ends.items():
+        assert end >= 1024 and stored[partition][0] == end // 1024 * 1024, partition  # every complete block
+    assert "Traceback" not in (tmp_path / "learn.log").read_text()
+
+
 # -- the block arithmetic itself, without a broker ----------------------------------------------
 
 
