@@ -37,7 +37,7 @@ replays the rest from Kafka and ends with the same bytes:
 * ``wal=False`` (the learner's default, ``learn.wal``): no log. Batches live in RocksDB's
   memtable until :meth:`Shard.flush` (or a full memtable, or ``close``) writes them to a
   table file; a crash loses the batches since the last flush, which Kafka replays. The
-  update topic is the log, as Kafka Streams does with its changelog. It saves writing and
+  updates topic is the log, as Kafka Streams does with its changelog. It saves writing and
   checksumming every state twice: about a third of the default policy's update time.
 
 Keys sort by tenant, workspace, domain, arm (NUL-separated UTF-8; ids may not contain
@@ -351,13 +351,6 @@ class PosteriorStore:
             shard = self._shards.pop(partition, None)
         if shard is not None:
             shard.close()
-
-    def flush(self, *, wait: bool = True) -> None:
-        """:meth:`Shard.flush` every open shard."""
-        with self._lock:
-            shards = list(self._shards.values())
-        for shard in shards:
-            shard.flush(wait=wait)
 
     def all_domain_arms(self, tenant: str, workspace: str, domain: str) -> dict[str, ArmState]:
         """Every arm of a domain across the open shards.

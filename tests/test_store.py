@@ -162,10 +162,10 @@ def test_ids_that_cannot_be_encoded_are_refused(tmp_path, key, message):
 # -- crash mid-batch -----------------------------------------------------------------------
 
 # The writer resumes from the store (as a worker does), then applies batch after batch until
-# it is killed. Without the write-ahead log it flushes every fifth batch and says so. Batch i touches arm j when j <= i and (i + j) % 3 != 0 (arms join over time,
-# each batch a different subset); arm j's payload after batch i is filled with i * 100 + j
-# and every touch adds 50 updates. The stored offset n * 1000 therefore fixes exactly what
-# every arm must hold.
+# it is killed; without the write-ahead log it flushes every fifth batch and says so. Batch i
+# touches arm j when j <= i and (i + j) % 3 != 0 (arms join over time, each batch a different
+# subset); arm j's payload after batch i is filled with i * 100 + j and every touch adds 50
+# updates. The stored offset n * 1000 therefore fixes exactly what every arm must hold.
 ARMS, D, PER_TOUCH = 12, 96, 50
 
 WRITER = textwrap.dedent(
