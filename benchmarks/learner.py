@@ -411,14 +411,15 @@ def best_rate(measure: Callable[[], float], repeats: int) -> float:
     return max(measure() for _ in range(repeats))
 
 
-def ours_update_rate(rows: LabelledRows, cfg: BenchConfig, batches: int, policy: str) -> float:
+def ours_update_rate(rows: LabelledRows, cfg: BenchConfig, batches: int, policy: str, wal: bool | None = None) -> float:
     """Rows/s of the worker's loop: ``update_batch``, then one ``Shard.apply`` per batch holding
     every touched arm's state and the consumed offset (one RocksDB write batch), with the
     learner's default durability: no write-ahead log, and a flush of the shard every
     ``emit_every_updates`` rows, where the worker publishes (at these rates it publishes by
     count, not by time). The worker starts that flush in the background and waits for it
     before it commits, while its records go to Kafka; without Kafka here, the whole flush is
-    waited for."""
+    waited for. ``wal=True``: the store's own default instead, the log on and no flushes (the
+    learner's ``learn.wal = true``)."""
     from learner.policies import make_policy
     from learner.store import ArmKey, ArmState, PosteriorStore
     from streams.learn import LearnerOptions
@@ -430,7 +431,7 @@ def ours_update_rate(rows: LabelledRows, cfg: BenchConfig, batches: int, policy:
     warmup, todo = todo[:2], todo[2 : 2 + batches]
     learner = make_policy(policy, dim=dim)
     source = ("bandit.updates", 0)
-    options = LearnerOptions()
+    options = LearnerOptions() if wal is None else LearnerOptions(wal=wal)
     with tempfile.TemporaryDirectory(prefix="bench-store-") as tmp, PosteriorStore(tmp, wal=options.wal) as store:
         shard = store.shard(0)
         offset = 0
@@ -616,6 +617,10 @@ class Bench:
             self.results[f"update_per_s_d{dim}_portfolio"] = best_rate(
                 lambda: ours_update_rate(rows, cfg, batches, "portfolio"), cfg.repeats
             )
+            # ... and with RocksDB's write-ahead log, what learn.wal = true costs
+            self.results[f"update_per_s_d{dim}_portfolio_wal"] = best_rate(
+                lambda: ours_update_rate(rows, cfg, batches, "portfolio", wal=True), cfg.repeats
+            )
             self.progress.advance(task)
             # Small per-arm products thrash a multi-threaded BLAS when the cores are busy; the
             # same loop with one BLAS thread shows how much of the time that is.
@@ -756,9 +761,11 @@ class Bench:
             ("update_per_s_d32", "update d=32, LinUCB (+store write)", rate, "mabwiser_update_per_s_d32", "vw_update_per_s_d32", update_target[32]),
             ("update_per_s_d32_blas1", "  same, 1 BLAS thread", rate, "", "", ""),
             ("update_per_s_d32_portfolio", "update d=32, portfolio (the default)", rate, "", "", update_target[32]),
+            ("update_per_s_d32_portfolio_wal", "  same, learn.wal = true", rate, "", "", ""),
             ("update_per_s_d128", "update d=128, LinUCB (+store write)", rate, "", "", update_target[128]),
             ("update_per_s_d128_blas1", "  same, 1 BLAS thread", rate, "", "", ""),
             ("update_per_s_d128_portfolio", "update d=128, portfolio (the default)", rate, "", "", update_target[128]),
+            ("update_per_s_d128_portfolio_wal", "  same, learn.wal = true", rate, "", "", ""),
             ("shared_updates_per_s_b1_d512", "shared update B=1 d=512, SharedLinUCB", rate, "", "", f">= {TARGET_SHARED_UPDATES_PER_S:,}/s"),
             ("shared_updates_per_s_b1_d512_ts", "shared update B=1 d=512, SharedLinTS", rate, "", "", f">= {TARGET_SHARED_UPDATES_PER_S:,}/s"),
             ("decide_p50_us_lints_d64", "decide p50 d=64, LinTS", us, "", "", ""),
