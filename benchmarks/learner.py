@@ -5,7 +5,9 @@ Every peer runs in the same process, on the same seeded data, in the same run:
 1. Update throughput: 20 arms, batches of 1,000 labelled rows at d=32 and d=128. Ours runs the
    worker's loop: ``update_batch`` (rank-k: A += X^T W X, b += X^T W r), then one
    ``Shard.apply`` through ``learner.store`` holding every touched arm's state and the consumed
-   offset (one RocksDB write batch); the rate includes that write. It is measured again with BLAS
+   offset (one RocksDB write batch), with the learner's durability (no write-ahead log, a flush
+   every 5,000 rows); the rate includes that write. The default portfolio is measured again with
+   the log on (``*_portfolio_wal``: ``learn.wal = true``), and LinUCB with BLAS
    limited to one thread (``*_blas1``), because small per-arm products can thrash a multi-threaded
    BLAS on a busy machine. MABWiser gets the same batches through ``LinUCB.partial_fit``. VW gets
    the same rows through ``--cb_explore_adf -q sa`` on the Python API, one multi-line example per
