@@ -269,7 +269,9 @@ class Learner:
         )  # fmt: skip
         self.assigned = Gauge("banditstream_partitions_assigned", "Updates partitions owned.", ["worker"], registry=registry_)
         self.stored_offset = Gauge(
-            "banditstream_learner_stored_offset", "Offset of the last persisted block, per partition.",
+            "banditstream_learner_stored_offset",
+            "Offset after the last block written to the store, per partition (on disk by the next "
+            "publication's flush when learn.wal is off).",
             ["partition"], registry=registry_,
         )  # fmt: skip
 
