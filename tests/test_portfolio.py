@@ -15,7 +15,7 @@ import pytest
 
 from learner.domain import DomainSettings
 from learner.policies import Policy, Portfolio, StateFormatError, make_policy
-from learner.policies.portfolio import DEFAULT_MIN_ROWS, SWITCH_WEIGHT, describe_state
+from learner.policies.portfolio import CONFIRM_ROWS, DEFAULT_MIN_ROWS, SWITCH_WEIGHT, describe_state
 
 ARMS = ["a", "b", "c"]
 GOOD = {"policy": "lin_ucb", "alpha": 0.1, "eps0": 0.05}
@@ -523,6 +523,57 @@ def test_a_member_with_alarms_from_starts_an_arm_over_when_the_named_members_det
     for arm in ("b", "c"):
         assert portfolio.members[1].arm_state_bytes(arm) == alone.arm_state_bytes(arm)
     assert portfolio.members[1].arm_state_bytes("a") != alone.arm_state_bytes("a")
+
+
+def _with_a_false_alarm(rows_of_a: int) -> tuple[Policy, Policy, Policy]:
+    """A stationary linear world learned by [lin_igw, a member taking its alarms] and by that
+    member alone; in the seventh batch lin_igw's detector is made to flag arm a, which has
+    ``rows_of_a`` rows in every batch. Returns (portfolio, alone, arm a restarted at the alarm)."""
+    taker = {"policy": "lin_igw", "alpha": 0, "detect": False}
+    portfolio = make_policy("portfolio", dim=3, members=[{"policy": "lin_igw"}, {**taker, "alarms_from": "lin_igw"}])
+    alone = make_policy("lin_igw", dim=3, alpha=0, detect=False)
+    fresh = make_policy("lin_igw", dim=3, alpha=0, detect=False)
+    source = portfolio.members[0]
+    learn = source.update_batch
+    rng = np.random.default_rng(3)
+    for batch in range(10):
+        X = contexts(rng, 200)
+        arms = [ARMS[k] for k in rng.integers(1, 3, 200)]
+        arms[:rows_of_a] = ["a"] * rows_of_a
+        rewards = X @ [0.2, 0.5, -0.3] + rng.normal(0, 0.1, 200)
+
+        def flagging(*args, **kwargs):
+            touched = learn(*args, **kwargs)
+            source._arrays["detect_alarms"][source._slot["a"]] += 1
+            return touched
+
+        source.update_batch = flagging if batch == 6 else learn
+        portfolio.update_batch(X, arms, rewards)
+        alone.update_batch(X, arms, rewards)
+        if batch >= 6:  # arm a restarted at the alarm: its prior, then its rows from that batch on
+            fresh.update_batch(X[:rows_of_a], ["a"] * rows_of_a, rewards[:rows_of_a])
+    assert source.drift("a").alarms == 1
+    return portfolio, alone, fresh
+
+
+def test_an_alarm_the_taking_members_own_residuals_do_not_confirm_leaves_its_arm_learning():
+    """The source's model may misfit the world and raise an alarm when only the contexts an arm
+    is shown moved; the taking member restarts the arm only if its own residuals on the batch's
+    rows of it are off centre by CONFIRM_T standard errors (here they are not: nothing changed)."""
+    portfolio, alone, _ = _with_a_false_alarm(rows_of_a=40)
+    for arm in ARMS:
+        assert portfolio.members[1].arm_state_bytes(arm) == alone.arm_state_bytes(arm)
+
+
+def test_an_alarm_on_an_arm_with_too_few_rows_to_test_is_taken_on_trust():
+    portfolio, alone, restarted = _with_a_false_alarm(rows_of_a=CONFIRM_ROWS - 1)
+    taking = portfolio.members[1]
+    for stat in ("A", "b"):  # the statistics; its count of rows learned goes on, as a detector's reset leaves it
+        assert np.array_equal(taking._arrays[stat][taking._slot["a"]], restarted._arrays[stat][restarted._slot["a"]])
+        assert not np.array_equal(taking._arrays[stat][taking._slot["a"]], alone._arrays[stat][alone._slot["a"]])
+    for arm in ("b", "c"):
+        assert taking.arm_state_bytes(arm) == alone.arm_state_bytes(arm)
+    assert taking.update_count("a") == alone.update_count("a")
 
 
 def test_alarms_from_must_name_an_earlier_member_with_a_detector():

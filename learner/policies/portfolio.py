@@ -81,9 +81,13 @@ holds one.
 (:mod:`learner.policies._detect`) unless it names ``detect: false``. A member may instead take
 an earlier member's alarms, ``alarms_from: <its label>``: whenever that member's detector flags
 an arm, this member's statistics of the arm go back to its prior too, before it learns the batch
-that raised the alarm (as its own detector would with ``detect_keep`` 0). The default's Fourier
-member does: residuals at 129 entries cost a stacked solve a batch, ``lin_igw``'s at the row's
-width a fraction of that, and a change of the world moves both.
+that raised the alarm (as its own detector would with ``detect_keep`` 0), if its own residuals on
+that batch's rows of the arm confirm the change (``CONFIRM_T``; an arm with fewer than
+``CONFIRM_ROWS`` rows in the batch is taken on trust). The default's Fourier member does:
+residuals at 129 entries cost a stacked solve a batch, ``lin_igw``'s at the row's width a
+fraction of that, and a change of the world moves both; the confirmation costs one solve per
+alarm, and keeps an alarm of ``lin_igw``'s that comes of its model misfitting the world from
+restarting the member that fits it.
 
 **Deciding.** :meth:`Portfolio.probabilities` is the acting member's, floor included: the
 logged propensity is the probability the acting member drew the action with, exact as its own.
@@ -123,6 +127,7 @@ from typing import Any
 
 import numpy as np
 
+from learner.policies._detect import _row_dots, _sequential_sum
 from learner.policies._fourier import FourierFeatures
 from learner.policies.base import Choice, Drift, Policy, Prior, _decode, _encode, _encode_arms, canonical_arm, draw_index, valid_dim
 from learner.policies.errors import ScoringOnlyError, StateFormatError
@@ -169,6 +174,18 @@ DEFAULT_LEVEL = 0.9999
 #: cost it 16-55 % (tests/test_portfolio.py's rotating world, seed 0), and heavy_tail 5-11 %;
 #: with 2,000, neither, for 10-20 % more regret where the Fourier member is the one to take over.
 DEFAULT_MIN_ROWS = 2000
+#: A member that takes another's alarms (``alarms_from``) restarts a flagged arm only if its own
+#: residuals on the batch's rows of that arm (``r - x . theta``, its statistics as the batch found
+#: them) have a mean ``CONFIRM_T`` standard errors or more from zero. The source's model may
+#: misfit the world: ``lin_igw``'s residuals shift whenever the acting member changes which
+#: contexts an arm is shown, and on ``benchmarks/regret.py``'s nonlinear world that raised an
+#: alarm in two of three runs at B = 200, which restarted an arm of the Fourier member, acting
+#: and right: its residuals there had t = +2.7 and -0.1. Every alarm of a real change (the
+#: drift_abrupt runs, the XOR world that flips) had |t| 4.0-16.6 with 11 rows or more.
+CONFIRM_T = 3.0
+#: ... taken on trust below this many rows of the arm in the batch (at one update per event
+#: there is one): the mean of a few rows says little either way.
+CONFIRM_ROWS = 8
 #: Settings a portfolio may give every member (a member's own value wins).
 COMMON = ("eps0", "gamma", "half_life_s", "prior_mean", "prior_strength", "arm_priors")
 #: Parameters that shape only how a per-arm linear member decides, never what it learns.
@@ -427,6 +444,7 @@ class Portfolio(Policy):
             if source is not None:  # the source learned the batch before this member does
                 now = self._alarm_counts(source, touched)
                 flagged = [arm for arm, alarms in now.items() if alarms > before[source].get(arm, 0)]
+                flagged = self._confirmed(member, flagged, rows[i], arms, rewards, weights)
                 if flagged:
                     member._forget(np.array([member._slot_of(arm) for arm in flagged], dtype=np.intp), np.zeros(len(flagged)))
             if self._leader[i] == i:
@@ -434,6 +452,32 @@ class Portfolio(Policy):
             else:
                 _take_learning(self.members[self._leader[i]], member, touched)
         return touched
+
+    @staticmethod
+    def _confirmed(member: Policy, flagged: list[str], X: np.ndarray, arms: Sequence[Any], rewards: Any, weights: Any) -> list[str]:
+        """Those of ``flagged`` (another member's alarms) that ``member``'s own residuals on the
+        batch confirm, or cannot test: an arm with fewer than ``CONFIRM_ROWS`` of the batch's rows
+        is taken on trust. See ``CONFIRM_T``."""
+        means_of = getattr(member, "_means_of", None)
+        if not flagged or means_of is None:
+            return flagged
+        canon = [canonical_arm(arm) for arm in arms]
+        r = np.asarray(rewards, dtype=np.float64)
+        learned = np.ones(len(canon), dtype=bool) if weights is None else np.asarray(weights, dtype=np.float64) > 0.0
+        confirmed = []
+        for arm in flagged:
+            rows = np.flatnonzero(learned & np.fromiter((c == arm for c in canon), dtype=bool, count=len(canon)))
+            n, slot = len(rows), member._slot.get(arm)
+            if n < CONFIRM_ROWS or slot is None:
+                confirmed.append(arm)
+                continue
+            theta = means_of(np.array([slot], dtype=np.intp))[0]
+            e = r[rows] - _row_dots(X[rows], np.broadcast_to(theta, (n, len(theta))))
+            mean = _sequential_sum(e) / n
+            spread = _sequential_sum((e - mean) ** 2) / (n - 1)
+            if mean * mean * n > CONFIRM_T * CONFIRM_T * spread:  # |t| > CONFIRM_T
+                confirmed.append(arm)
+        return confirmed
 
     def _alarm_counts(self, m: int, arms: Any) -> dict[str, int]:
         """Member m's detector alarms so far on each of ``arms`` (by canonical id; 0 for an arm it
