@@ -289,6 +289,11 @@ def _decode_state(value: bytes, shard: str, raw_key: bytes) -> ArmState:
 # -- the store -----------------------------------------------------------------------------
 
 
+def _check_durability(sync: bool, wal: bool) -> None:
+    if sync and not wal:
+        raise ValueError("sync=True fsyncs the write-ahead log, so it needs wal=True")
+
+
 class PosteriorStore:
     """The shards of one worker, each a RocksDB database under ``root``.
 
@@ -306,8 +311,7 @@ class PosteriorStore:
         wal: bool = True,
         write_buffer_bytes: int = 64 << 20,
     ) -> None:
-        if sync and not wal:
-            raise ValueError("sync=True fsyncs the write-ahead log, so it needs wal=True")
+        _check_durability(sync, wal)
         self.root = Path(root)
         self.sync = sync
         self.wal = wal
@@ -403,8 +407,7 @@ class Shard:
         wal: bool = True,
         write_buffer_bytes: int = 64 << 20,
     ) -> None:
-        if sync and not wal:
-            raise ValueError("sync=True fsyncs the write-ahead log, so it needs wal=True")
+        _check_durability(sync, wal)
         self.path = Path(path)
         self.partition = partition
         self.name = self.path.name
