@@ -15,7 +15,7 @@ import pytest
 
 from learner.domain import DomainSettings
 from learner.policies import Policy, Portfolio, StateFormatError, make_policy
-from learner.policies.portfolio import CONFIRM_ROWS, DEFAULT_MIN_ROWS, SWITCH_WEIGHT, describe_state
+from learner.policies.portfolio import CONFIRM_ROWS, DEFAULT_MEMBERS, DEFAULT_MIN_ROWS, SWITCH_WEIGHT, describe_state
 
 ARMS = ["a", "b", "c"]
 GOOD = {"policy": "lin_ucb", "alpha": 0.1, "eps0": 0.05}
@@ -587,6 +587,42 @@ def test_alarms_from_must_name_an_earlier_member_with_a_detector():
     # the taking member learns unlike one that takes no alarms, so they never share their learning
     portfolio = make_policy("portfolio", dim=3, members=[{"policy": "lin_igw"}, member, {**member, "alarms_from": "lin_igw"}])
     assert portfolio._leader == [0, 1, 2]
+
+
+OPTIMISTIC = {"policy": "lin_igw", "alpha": 1.0, "label": "optimistic"}
+
+
+def test_a_member_that_only_explores_more_than_the_first_is_not_handed_the_acting_role():
+    """The log rates what decisions earn now; exploring more earns less now, and the statistics
+    it would earn go to every member that learns alike anyway."""
+    portfolio = make_policy("portfolio", dim=3, seed=2, members=[{"policy": "lin_igw"}, OPTIMISTIC], min_rows=200)
+    play(portfolio, 3000)
+    assert portfolio.acting == 0 and portfolio.switches == []
+    assert portfolio.estimates()[1]["gain"] < 0  # rated worse, not merely unproven
+
+
+def test_a_later_member_that_only_explores_more_is_warned_of_once_with_its_settings(caplog, monkeypatch):
+    from learner.policies import portfolio as module
+
+    monkeypatch.setattr(module, "_WARNED_ORDER", set())
+    with caplog.at_level("WARNING", logger=module.__name__):
+        for _ in range(2):  # once per process
+            make_policy("portfolio", dim=3, members=[{"policy": "lin_igw"}, OPTIMISTIC, {"policy": "lin_igw", "gamma": 0.995}])
+        assert caplog.text.count("portfolio member 'optimistic' explores more than the first, 'lin_igw' (alpha 1 > 0.3)") == 1
+        assert "list it first" in caplog.text
+        caplog.clear()
+        quiet = [
+            [OPTIMISTIC, {"policy": "lin_igw"}],  # listed first: it acts
+            [{"policy": "lin_igw"}, {**OPTIMISTIC, "gamma": 0.995}],  # learns otherwise: the log can rate it
+            [{"policy": "lin_igw"}, {**OPTIMISTIC, "gamma_scale": 1000.0}],  # more optimistic, but greedier
+            [{"policy": "lin_igw"}, {"policy": "lin_ucb", "alpha": 1.0}],  # another rule: not comparable
+            DEFAULT_MEMBERS,
+        ]
+        for members in quiet:
+            make_policy("portfolio", dim=3, members=members)
+        assert caplog.text == ""
+        make_policy("portfolio", dim=3, members=[{"policy": "lin_ts", "v": 0.3}, {"policy": "lin_ts", "eps0": 0.1, "v": 0.3}])
+    assert "(eps0 0.1 > 0.05)" in caplog.text
 
 
 def test_the_defaults_fourier_member_follows_a_nonlinear_world_that_flips_through_lin_igws_alarms():

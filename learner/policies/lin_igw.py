@@ -41,7 +41,8 @@ class LinIGW(DriftDetection, LinearPolicy):
     (Vowpal Wabbit's ``--squarecb`` uses 10 and 0.5 with ``alpha = 0``). ``alpha`` 0.3 has
     less regret than 1 on ten of the suite's eleven environments at B = 200 and eight of
     eleven at B = 1; 1 explores a hundred arms at one update per event faster (many_arms at
-    B = 1: 2,372 against 6,452: name a portfolio with an ``alpha`` 1 member for that);
+    B = 1: 2,372 against 6,452: list an ``alpha`` 1 member first in a portfolio for that; listed
+    after an ``alpha`` 0.3 one it did not act in the suite: :mod:`~learner.policies.portfolio`);
     ``eps0`` (default 0.01, above); ``detect``, ``detect_threshold``, ``detect_keep`` (change detection on each
     arm's residuals, on by default: :class:`~learner.policies._detect.DriftDetection`);
     ``refactor_every``, ``intercept_index`` (see :class:`~learner.policies._linear.LinearPolicy`); ``dim``,

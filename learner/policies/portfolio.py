@@ -70,6 +70,17 @@ are cumulative: a member that is better only after a drift overtakes one that wa
 once its advantage since outweighs its deficit, which a detector or forgetting in the members
 shortens (they learn the new world; the log rates them on it).
 
+**What the log does not rate: how much to explore.** A member is rated by what its decisions
+would earn on the logged rows, with statistics learned from the acting member's log. Exploring
+costs on the row and pays later, in statistics, which every member that learns alike gets
+anyway. So a member that only explores more than the acting one (a larger ``alpha`` or ``v``, a
+smaller IGW scale, a larger floor) is rated worse and does not act: list it first, and the log
+may hand over to one that explores less once the exploring has paid. On ``benchmarks/regret.py``'s
+many_arms (100 arms) at one update per event, ``lin_igw`` with ``alpha`` 1 listed after the
+default's ``lin_igw`` never acted (regret 6,452 over three seeds, as without it); listed first,
+2,209 (README, "Which policy"). A portfolio logs a warning, once, when a later member learns as
+the first does and only explores more.
+
 **Fourier members.** A member may learn on random Fourier features of the row instead of the
 row: ``{policy: lin_igw, fourier: 128, fourier_scale: 1.0}`` (:mod:`learner.policies._fourier`),
 a kernel regression of rewards that are not linear in the context. The portfolio maps the rows
@@ -120,6 +131,7 @@ share that wins everywhere (README, "Which policy").
 from __future__ import annotations
 
 import json
+import logging
 import math
 from collections.abc import Mapping, Sequence
 from statistics import NormalDist
@@ -133,6 +145,8 @@ from learner.policies.base import Choice, Drift, Policy, Prior, _decode, _encode
 from learner.policies.errors import ScoringOnlyError, StateFormatError
 
 __all__ = ["DEFAULT_LEVEL", "DEFAULT_MEMBERS", "MAX_SWITCHES", "Portfolio", "describe_state"]
+
+log = logging.getLogger(__name__)
 
 #: Switches kept in the state (the newest).
 MAX_SWITCHES = 20
@@ -188,6 +202,12 @@ CONFIRM_T = 3.0
 #: ... taken on trust below this many rows of the arm in the batch (at one update per event
 #: there is one): the mean of a few rows says little either way.
 CONFIRM_ROWS = 8
+#: Deciding settings by the direction in which they explore more: ``alpha`` (LinUCB's and IGW's
+#: optimism), ``v`` (Thompson sampling's spread) and ``eps0`` up; IGW's ``gamma_scale`` and
+#: ``gamma_exponent`` down.
+_EXPLORING = (("alpha", 1), ("v", 1), ("eps0", 1), ("gamma_scale", -1), ("gamma_exponent", -1))
+#: (first, later) member labels already warned of in this process (:meth:`Portfolio._warn_of_order`).
+_WARNED_ORDER: set[tuple[str, str]] = set()
 #: Settings a portfolio may give every member (a member's own value wins).
 COMMON = ("eps0", "gamma", "half_life_s", "prior_mean", "prior_strength", "arm_priors")
 #: Parameters that shape only how a per-arm linear member decides, never what it learns.
@@ -328,6 +348,21 @@ class Portfolio(Policy):
         self.acting = 0
         self.switches: list[dict[str, Any]] = []
         self._clear_selection()
+        self._warn_of_order(keys)
+
+    def _warn_of_order(self, keys: list[Any]) -> None:
+        """Log once per process, with the settings, each later member that learns as the first
+        does and only explores more: the log is unlikely ever to rate it better, so it is
+        unlikely ever to act (module docstring, "What the log does not rate")."""
+        for j in range(1, len(self.members)):
+            if keys[j] is None or keys[j] != keys[0]:
+                continue
+            more = _explores_more(self.members[0], self.members[j])
+            if more and (self.labels[0], self.labels[j]) not in _WARNED_ORDER:
+                _WARNED_ORDER.add((self.labels[0], self.labels[j]))
+                log.warning("portfolio member %r explores more than the first, %r (%s), and learns from the same rows: "
+                            "the log rates what a member's decisions earn now, and exploring earns less now, so it is "
+                            "unlikely ever to act; list it first for it to act", self.labels[j], self.labels[0], ", ".join(more))  # fmt: skip
 
     def _alarm_source(self, i: int, spec: Mapping[str, Any]) -> int | None:
         """The index of the member named by member i's ``alarms_from`` (None without one): an
@@ -907,6 +942,23 @@ def _learns_like(member: Policy) -> tuple | None:
     if not isinstance(member, (LinIGW, LinTS, LinUCB)):
         return None
     return tuple(sorted((k, json.dumps(v, sort_keys=True)) for k, v in member.get_params().items() if k not in _DECIDING))
+
+
+def _explores_more(first: Policy, later: Policy) -> list[str]:
+    """The settings in which ``later`` explores more than ``first``, both of one class (e.g.
+    ``["alpha 1 > 0.3"]``); empty when it explores less in any, or the classes differ."""
+    if type(first) is not type(later):
+        return []
+    more, less = [], False
+    for name, sign in _EXPLORING:
+        a, b = getattr(first, name, None), getattr(later, name, None)
+        if a is None or b is None or a == b:
+            continue
+        if (b - a) * sign > 0:
+            more.append(f"{name} {b:g} {'>' if sign > 0 else '<'} {a:g}")
+        else:
+            less = True
+    return [] if less else more
 
 
 def _take_learning(source: Policy, target: Policy, arms: Sequence[str]) -> None:
