@@ -159,3 +159,27 @@ def test_a_bad_secret_setting_names_the_field_and_never_echoes_the_secret(env, e
     message = str(refused.value)
     assert expected in message and "\n" not in message, message
     assert secret is None or secret not in message, message
+
+
+def test_every_toml_sample_in_the_readme_loads_and_its_domains_build_without_a_warning(tmp_path, caplog, monkeypatch):
+    """A reader copies these: each loads as a whole file, and every domain it declares builds
+    its policy without the portfolio's warnings (a member the log would never rate better)."""
+    import re
+    from pathlib import Path
+
+    from learner.policies import portfolio
+
+    monkeypatch.setattr(portfolio, "_WARNED_ORDER", set())  # warned once per process: start afresh
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    samples = re.findall(r"```toml\n(.*?)```", readme, re.S)
+    assert any("rag_tuning" in sample for sample in samples)  # the portfolio with an optimistic member
+    with caplog.at_level("WARNING"):
+        for i, sample in enumerate(samples):
+            path = tmp_path / f"sample{i}.toml"
+            path.write_text(sample)
+            settings = load_settings(path, env={})
+            assert settings.domains, f"README toml sample {i} declares no domain"
+            for name, domain in settings.domains.items():
+                assert domain.make_policy(seed=0) is not None, name
+    assert caplog.text == ""
