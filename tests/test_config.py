@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from banditstream.config import ConfigError, load_settings
+from learner.policies import portfolio
 
 
 def test_defaults_load_without_any_source():
@@ -164,11 +167,6 @@ def test_a_bad_secret_setting_names_the_field_and_never_echoes_the_secret(env, e
 def test_every_toml_sample_in_the_readme_loads_and_its_domains_build_without_a_warning(tmp_path, caplog, monkeypatch):
     """A reader copies these: each loads as a whole file, and every domain it declares builds
     its policy without the portfolio's warnings (a member the log would never rate better)."""
-    import re
-    from pathlib import Path
-
-    from learner.policies import portfolio
-
     monkeypatch.setattr(portfolio, "_WARNED_ORDER", set())  # warned once per process: start afresh
 
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()

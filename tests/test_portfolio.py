@@ -593,8 +593,8 @@ OPTIMISTIC = {"policy": "lin_igw", "alpha": 1.0, "label": "optimistic"}
 
 
 def test_a_member_that_only_explores_more_than_the_first_is_not_handed_the_acting_role():
-    """The log rates what decisions earn now; exploring more earns less now, and the statistics
-    it would earn go to every member that learns alike anyway."""
+    """The log rates what decisions earn now; exploring more earns less now and pays only later,
+    in statistics every member that learns alike would share."""
     portfolio = make_policy("portfolio", dim=3, seed=2, members=[{"policy": "lin_igw"}, OPTIMISTIC], min_rows=200)
     play(portfolio, 3000)
     assert portfolio.acting == 0 and portfolio.switches == []
