@@ -72,8 +72,8 @@ shortens (they learn the new world; the log rates them on it).
 
 **What the log does not rate: how much to explore.** A member is rated by what its decisions
 would earn on the logged rows, with statistics learned from the acting member's log. Exploring
-costs on the row and pays later, in statistics, which every member that learns alike gets
-anyway. So a member that only explores more than the acting one (a larger ``alpha`` or ``v``, a
+costs on the row and pays later, in statistics that every member learning alike would share.
+So a member that only explores more than the acting one (a larger ``alpha`` or ``v``, a
 smaller IGW scale, a larger floor) is rated worse and does not act: list it first, and the log
 may hand over to one that explores less once the exploring has paid. On ``benchmarks/regret.py``'s
 many_arms (100 arms) at one update per event, ``lin_igw`` with ``alpha`` 1 listed after the
