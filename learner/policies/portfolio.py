@@ -348,14 +348,14 @@ class Portfolio(Policy):
         self.acting = 0
         self.switches: list[dict[str, Any]] = []
         self._clear_selection()
-        self._warn_of_order(keys)
+        self._warn_of_order()
 
-    def _warn_of_order(self, keys: list[Any]) -> None:
+    def _warn_of_order(self) -> None:
         """Log once per process, with the settings, each later member that learns as the first
         does and only explores more: the log is unlikely ever to rate it better, so it is
         unlikely ever to act (module docstring, "What the log does not rate")."""
         for j in range(1, len(self.members)):
-            if keys[j] is None or keys[j] != keys[0]:
+            if self._leader[j] != 0:  # learns otherwise than the first: the log can rate it
                 continue
             more = _explores_more(self.members[0], self.members[j])
             if more and (self.labels[0], self.labels[j]) not in _WARNED_ORDER:
