@@ -313,6 +313,36 @@ def test_optimistic_igw_takes_its_gaps_between_ucb_scores_checked_by_hand():
     assert p[2] < p[1] < p[0]
 
 
+def test_lin_igw_without_alpha_grows_its_optimism_with_the_candidates_as_documented():
+    """0.3 up to ten candidates, 0.3 log10 K above, 0.6 from a hundred: the same probabilities
+    as that alpha given (tests/test_fastscore.py checks the compiled path against numpy's, K up
+    to 70); a given alpha holds at any K."""
+    from learner.policies import LinIGW
+    from learner.policies.lin_igw import ALPHA, ALPHA_GROWTH
+
+    assert (ALPHA, ALPHA_GROWTH) == (0.3, 2.0)
+    unset = LinIGW(dim=3, seed=1)
+    assert unset.get_params()["alpha"] is None and LinIGW(**unset.get_params()).alpha is None
+    expected = {1: 0.3, 3: 0.3, 10: 0.3, 20: 0.3 * math.log10(20), 50: 0.3 * math.log10(50), 100: 0.6, 1000: 0.6}
+    assert {K: unset.alpha_for(K) for K in expected} == pytest.approx(expected, abs=1e-15)
+    assert {LinIGW(dim=3, alpha=0.45).alpha_for(K) for K in expected} == {0.45}
+    rng = np.random.default_rng(4)
+    arms = [f"arm{i}" for i in range(150)]
+    X = np.column_stack([np.ones(3000), rng.normal(size=(3000, 2))])
+    played = rng.integers(0, len(arms), 3000)
+    rewards = X[:, 1] * (played % 7) + rng.normal(size=3000)
+    for K in (3, 20, 150):
+        pair = [LinIGW(dim=3, seed=1), LinIGW(dim=3, seed=1, alpha=unset.alpha_for(K))]
+        for policy in pair:
+            policy.update_batch(X, [arms[i] for i in played], rewards)
+        rows = np.column_stack([np.ones(K), rng.normal(size=(K, 2))])
+        mine, given = (policy.probabilities(rows, arms[:K], rng=2).probabilities for policy in pair)
+        assert mine.tolist() == given.tolist(), K
+    for bad in (-0.1, float("nan"), float("inf"), True, "0.3"):
+        with pytest.raises(ValueError, match="alpha must be a finite number >= 0"):
+            LinIGW(dim=3, alpha=bad)
+
+
 @pytest.mark.parametrize("name", LINEAR)
 def test_drift_is_covariance_trace_and_spectral_norm_of_A(name):
     policy = trained(name)
