@@ -19,8 +19,9 @@ from learner.policies.portfolio import CONFIRM_ROWS, DEFAULT_MEMBERS, DEFAULT_MI
 
 ARMS = ["a", "b", "c"]
 GOOD = {"policy": "lin_ucb", "alpha": 0.1, "eps0": 0.05}
-#: explores 90 % of the time: clearly worse on any environment where the arms differ
-POOR = {"policy": "lin_ucb", "alpha": 0.1, "eps0": 0.9, "label": "poor"}
+#: explores 90 % of the time, and believes arm c pays 2 (a prior of a million rows), so its greedy
+#: choice is c: clearly worse, rated by its greedy choice or by its distribution
+POOR = {"policy": "lin_ucb", "alpha": 0.1, "eps0": 0.9, "arm_priors": {"c": [2.0, 1e6]}, "label": "poor"}
 #: two pairs that learn alike within a pair (they differ in how they decide) and not across
 PAIRS = [
     {"policy": "lin_igw", "alpha": 1.0},
@@ -167,6 +168,32 @@ def test_a_clearly_better_member_takes_over_and_the_switch_is_recorded():
     assert np.mean(rewards[-500:]) > np.mean(rewards[:500]) + 0.05  # acting well shows in the rewards
 
 
+def test_rated_greedily_each_member_is_one_on_the_candidate_its_model_rates_highest():
+    """The first of ties, nothing past a row's own candidates, and the same predictions as the
+    distribution's rating; the value the log gives it is that choice's."""
+    members = [GOOD, {"policy": "lin_igw", "gamma": 0.9, "label": "short"}, {"policy": "lin_ts", "prior_mean": 0.5, "label": "ts"}]
+    greedy, by_policy = (make_policy("portfolio", dim=3, seed=1, members=members, rate=rate) for rate in ("greedy", "policy"))
+    rng = np.random.default_rng(8)
+    X, played = contexts(rng, 300), list(rng.choice(ARMS[:2], size=300))
+    rewards = X[:, 1] + rng.normal(0, 0.1, 300)
+    for portfolio in (greedy, by_policy):
+        portfolio.update_batch(X, played, rewards)
+    rows, candidates = contexts(rng, 40), [ARMS if i % 2 else ARMS[:2] + ["new"] for i in range(40)]
+    candidates[0] = ["new", "newer"]  # neither learned: every member predicts its prior for both, a tie
+    pi, rhat = greedy.score(rows, candidates, [0] * 40)
+    assert rhat.tolist() == by_policy.score(rows, candidates, [0] * 40)[1].tolist()
+    for i, arms in enumerate(candidates):
+        for m in range(3):
+            K = len(arms)
+            expected = np.zeros(3)
+            expected[int(np.argmax(rhat[i, m, :K]))] = 1.0
+            assert pi[i, m].tolist() == expected.tolist(), (i, m)
+    assert pi[0, :, 0].tolist() == [1.0, 1.0, 1.0] and (rhat[0, :, 0] == rhat[0, :, 1]).all()
+    assert (pi[:, 1, :] != pi[:, 0, :]).any()  # the members differ somewhere: not one choice for all
+    assert {portfolio.get_params().get("rate") for portfolio in (greedy, by_policy)} == {None, "policy"}
+    assert Policy.from_bytes(by_policy.to_bytes()).rate == "policy"
+
+
 def test_members_that_choose_alike_never_switch():
     same = make_policy("portfolio", dim=3, seed=2, members=[GOOD, {**GOOD, "label": "twin"}])
     play(same, 3000)
@@ -239,14 +266,15 @@ def test_an_arm_blob_loads_into_every_member_or_none():
 
 
 def test_members_that_learn_alike_are_carried_once_and_load_alike():
-    portfolio = make_policy("portfolio", dim=3, seed=2, members=[POOR, GOOD], min_rows=200)  # they differ only in eps0
+    alike = [{**GOOD, "eps0": 0.9, "label": "explorer"}, GOOD]  # they differ only in eps0
+    portfolio = make_policy("portfolio", dim=3, seed=2, members=alike, min_rows=200)
     play(portfolio, 600)
     blob = portfolio.arm_state_bytes("a")
     from learner.policies import base
 
     header, arrays = base._decode(blob)
     assert {name.split(".")[0] for name in arrays} == {"m0"}
-    restored = make_policy("portfolio", dim=3, seed=2, members=[POOR, GOOD], min_rows=200)
+    restored = make_policy("portfolio", dim=3, seed=2, members=alike, min_rows=200)
     restored.load_arm_state("a", blob)
     assert [m.arm_state_bytes("a") for m in restored.members] == [m.arm_state_bytes("a") for m in portfolio.members]
     arrays.update({f"m1.{name}": value for name, value in base._decode(portfolio.members[1].arm_state_bytes("a"))[1].items()})
@@ -297,10 +325,11 @@ def test_with_mix_each_arm_is_drawn_as_often_as_its_reported_probability():
 
 def test_mix_keeps_a_member_the_acting_one_disagrees_with_evaluable():
     """Without mixing, a member whose choices the acting one almost never makes is rated on a
-    handful of rows; with mix its weights are bounded by (M - 1) / mix."""
+    handful of rows; with mix its weights are bounded by (M - 1) / mix. (The members learn
+    alike and differ in how they explore, so they are rated by their distributions.)"""
     ess = {}
     for mix in (0.0, 0.2):
-        portfolio = make_policy("portfolio", dim=3, seed=4, members=MIXED, mix=mix, min_rows=10**9)
+        portfolio = make_policy("portfolio", dim=3, seed=4, members=MIXED, mix=mix, min_rows=10**9, rate="policy")
         play(portfolio, 2000)
         ess[mix] = {e["member"]: e["ess"] for e in portfolio.estimates()}
     assert ess[0.2]["igw"] > 3 * ess[0.0]["igw"] and ess[0.2]["wide"] > 3 * ess[0.0]["wide"], ess
@@ -343,6 +372,7 @@ def test_by_evidence_a_member_the_log_rates_clearly_worse_takes_almost_no_share(
         ({"members": [GOOD, POOR], "min_rows_per_arm": -1}, "min_rows_per_arm must be an int >= 0"),
         ({"members": [GOOD, POOR], "mix": 0.1, "mix_rule": "bayes"}, "mix_rule must be 'fixed' or 'evidence'"),
         ({"members": [GOOD, POOR], "alpha": 0.3}, "unexpected parameter"),
+        ({"members": [GOOD, POOR], "rate": "ips"}, "rate must be one of 'greedy', 'policy'"),
     ],
 )
 def test_a_bad_portfolio_is_refused_naming_the_member(params, message):
@@ -592,22 +622,47 @@ def test_alarms_from_must_name_an_earlier_member_with_a_detector():
 OPTIMISTIC = {"policy": "lin_igw", "alpha": 1.0, "label": "optimistic"}
 
 
-def test_a_member_that_only_explores_more_than_the_first_is_not_handed_the_acting_role():
-    """The log rates what decisions earn now; exploring more earns less now and pays only later,
-    in statistics every member that learns alike would share."""
-    portfolio = make_policy("portfolio", dim=3, seed=2, members=[{"policy": "lin_igw"}, OPTIMISTIC], min_rows=200)
+@pytest.mark.parametrize("rate", ["greedy", "policy"])
+def test_a_member_that_only_explores_more_than_the_first_is_not_handed_the_acting_role(rate):
+    """Rated greedily, it ties with the first on every row (the same model, the same choice).
+    Rated by its distribution, by what its decisions earn now: exploring more earns less now
+    and pays only later, in statistics every member that learns alike would share."""
+    portfolio = make_policy("portfolio", dim=3, seed=2, members=[{"policy": "lin_igw"}, OPTIMISTIC], min_rows=200, rate=rate)
     play(portfolio, 3000)
     assert portfolio.acting == 0 and portfolio.switches == []
-    assert portfolio.estimates()[1]["gain"] < 0  # rated worse, not merely unproven
+    if rate == "greedy":
+        assert [e["gain"] for e in portfolio.estimates()] == [0.0, 0.0]
+    else:
+        assert portfolio.estimates()[1]["gain"] < 0  # rated worse, not merely unproven
 
 
-def test_a_later_member_that_only_explores_more_is_warned_of_once_with_its_settings(caplog, monkeypatch):
+def test_a_later_member_that_learns_as_an_earlier_one_is_warned_of_once_it_never_acts(caplog, monkeypatch):
+    """Rated greedily, every member that learns as an earlier one does ties with it."""
+    from learner.policies import portfolio as module
+
+    monkeypatch.setattr(module, "_WARNED_ORDER", set())
+    forgetting = {"policy": "lin_igw", "gamma": 0.995}
+    with caplog.at_level("WARNING", logger=module.__name__):
+        for _ in range(2):  # once per process
+            make_policy("portfolio", dim=3, members=[{"policy": "lin_igw"}, forgetting, OPTIMISTIC, {**forgetting, "eps0": 0.0, "label": "f0"}])
+        assert caplog.text.count("portfolio member 'optimistic' learns as the earlier 'lin_igw' does and differs only in how "
+                                 "it decides (alpha 1.0 against unset)") == 1  # fmt: skip
+        assert caplog.text.count("'f0' learns as the earlier 'lin_igw(gamma=0.995)' does and differs only in how it decides "
+                                 "(eps0 0.0 against 0.01)") == 1  # fmt: skip
+        assert caplog.text.count("never acts; list it first for it to act, or drop it") == 2
+        caplog.clear()
+        for members in ([OPTIMISTIC, {**OPTIMISTIC, "gamma": 0.995, "label": "o2"}], DEFAULT_MEMBERS):
+            make_policy("portfolio", dim=3, members=members)
+        assert caplog.text == ""
+
+
+def test_rated_by_distribution_a_later_member_that_only_explores_more_is_warned_of_once(caplog, monkeypatch):
     from learner.policies import portfolio as module
 
     monkeypatch.setattr(module, "_WARNED_ORDER", set())
     with caplog.at_level("WARNING", logger=module.__name__):
         for _ in range(2):  # once per process
-            make_policy("portfolio", dim=3, members=[{"policy": "lin_igw"}, OPTIMISTIC, {"policy": "lin_igw", "gamma": 0.995}])
+            make_policy("portfolio", dim=3, rate="policy", members=[{"policy": "lin_igw"}, OPTIMISTIC, {"policy": "lin_igw", "gamma": 0.995}])
         assert caplog.text.count("portfolio member 'optimistic' explores more than the first, 'lin_igw' (alpha 1 > 0.3)") == 1
         assert "list it first" in caplog.text
         caplog.clear()
@@ -619,9 +674,9 @@ def test_a_later_member_that_only_explores_more_is_warned_of_once_with_its_setti
             DEFAULT_MEMBERS,
         ]
         for members in quiet:
-            make_policy("portfolio", dim=3, members=members)
+            make_policy("portfolio", dim=3, members=members, rate="policy")
         assert caplog.text == ""
-        make_policy("portfolio", dim=3, members=[{"policy": "lin_ts", "v": 0.3}, {"policy": "lin_ts", "eps0": 0.1, "v": 0.3}])
+        make_policy("portfolio", dim=3, rate="policy", members=[{"policy": "lin_ts", "v": 0.3}, {"policy": "lin_ts", "eps0": 0.1, "v": 0.3}])
     assert "(eps0 0.1 > 0.05)" in caplog.text
 
 

@@ -21,7 +21,7 @@ from publisher.cli_ops import list_snapshots
 from publisher.stores import DirectoryStore
 
 ARMS = ["a", "b", "c"]
-POOR = {"policy": "lin_ucb", "alpha": 0.1, "eps0": 0.9, "label": "poor"}
+POOR = {"policy": "lin_ucb", "alpha": 0.1, "eps0": 0.9, "arm_priors": {"c": [2.0, 1e6]}, "label": "poor"}
 SOUND = {"policy": "lin_ucb", "alpha": 0.1, "eps0": 0.05, "label": "sound"}
 DOMAIN = {
     "policy": "portfolio",

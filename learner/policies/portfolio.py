@@ -34,8 +34,8 @@ the posterior topic and the publisher carry a portfolio like any per-arm policy.
 
 **Choosing who acts: progressive off-policy estimates.** For each logged row i (context,
 candidates, the action taken ``a_i``, its logged propensity ``p_i``, its reward ``r_i``) every
-member's distribution over the candidates ``pi_m(. | x_i)`` and its model's expected reward of
-each ``rhat_m(x_i, .)`` are computed by the member *before it has learned that row*
+member's model's expected reward of each candidate ``rhat_m(x_i, .)``, and the policy it is rated
+as, ``pi_m(. | x_i)``, are computed by the member *before it has learned that row*
 (:meth:`Portfolio.score`: in the publisher, by the previous snapshot's members on the rows logged
 since it; in a simulation, by the models before the batch). One member's predictions serve as the
 reward model ``rhat`` of every member's estimate, so the members' values pair: the one with the
@@ -70,16 +70,22 @@ are cumulative: a member that is better only after a drift overtakes one that wa
 once its advantage since outweighs its deficit, which a detector or forgetting in the members
 shortens (they learn the new world; the log rates them on it).
 
-**What the log does not rate: how much to explore.** A member is rated by what its decisions
-would earn on the logged rows, with statistics learned from the acting member's log. Exploring
-costs on the row and pays later, in statistics that every member learning alike would share.
-So a member that only explores more than the acting one (a larger ``alpha`` or ``v``, a
-smaller IGW scale, a larger floor) is rated worse and does not act: list it first, and the log
-may hand over to one that explores less once the exploring has paid. On ``benchmarks/regret.py``'s
-many_arms (100 arms) at one update per event, ``lin_igw`` with ``alpha`` 1 listed after the
-default's ``lin_igw`` never acted (regret 6,452 over three seeds, as without it); listed first,
-2,209 (README, "Which policy"). A portfolio logs a warning, once, when a later member learns as
-the first does and only explores more.
+**What the log rates: what each member has learned** (``rate``, default ``greedy``). The policy
+a member is rated as is its greedy choice: 1 on the candidate its model rates highest (the first
+of ties), 0 elsewhere. Exploring costs on the row and pays later, in statistics that the log
+cannot credit to the member that explored: it learned from the acting member's rows, as every
+member did. Rated by its decide step's distribution (``rate = "policy"``), a member that
+explores less is rated better over any stretch of rows, and takes the acting role whenever it
+learns otherwise as well: with many candidates, where exploring pays most, the default's
+``lin_igw`` handed over to the Fourier member or forgetting, which explored least
+(``benchmarks/regret.py``, :data:`DEFAULT_RATE`). Rated greedily, the log compares models (the
+linear, the forgetting, the Fourier one), and how to explore stays the acting member's setting.
+So members that learn alike (the same policy and learning settings, differing in ``alpha``,
+``v``, the IGW scale or the floor) tie on every row, and only the earlier of them can act: a
+portfolio logs a warning, once per process, naming each later one. To explore more, set it on
+the members that act (``lin_igw``'s ``alpha`` grows with the number of candidates by itself).
+With ``rate = "policy"`` such a member is rated, but by what its decisions earn now: one that
+only explores more than the first is warned of instead.
 
 **Fourier members.** A member may learn on random Fourier features of the row instead of the
 row: ``{policy: lin_igw, fourier: 128, fourier_scale: 1.0}`` (:mod:`learner.policies._fourier`),
@@ -182,6 +188,16 @@ _RENAMED = {"lin_igw(alpha=0,fourier=128)": 'lin_igw(alarms_from="lin_igw",alpha
 #: ``lin_igw`` alone on breast_cancer, heavy_tail and many_arms at B = 200. At 0.9999 the datasets
 #: cost nothing and linear 4-7 % (one seed of three switches), and the slow drift is still caught.
 DEFAULT_LEVEL = 0.9999
+#: What the log rates each member as (``rate``): ``greedy``, the choice its model rates highest,
+#: so the portfolio compares what the members have learned and the acting one's settings decide
+#: how to explore; or ``policy``, its decide step's distribution, exploring included, which
+#: rates a member that explores less better over any stretch of rows (module docstring, "What
+#: the log rates"). Rating by the distribution, a default ``lin_igw`` made more optimistic with
+#: many candidates handed the acting role to the Fourier member or forgetting, the members that
+#: explored least (``benchmarks/regret.py``'s many_arms at B = 200, regret 3,379; greedy,
+#: 3,084; seeds 0-5).
+RATES = ("greedy", "policy")
+DEFAULT_RATE = "greedy"
 #: ``min_rows``' default. Over its first rows a member that explores less, or whose model has more
 #: room, earns more than one that will do better for the rest of the run, and the log rates what
 #: was earned: with 200, the Fourier member took over stationary linear traffic at row 600 and
@@ -270,7 +286,8 @@ class Portfolio(Policy):
     each, default :data:`DEFAULT_MIN_ROWS`) and
     ``min_rows_per_arm`` (as many per arm the portfolio holds, default 20); ``mix``
     (the share of decisions from the other members' distributions, in [0, 1), default 0) and
-    ``mix_rule`` (``fixed``, or ``evidence``: see :meth:`mix_shares`); ``dim``
+    ``mix_rule`` (``fixed``, or ``evidence``: see :meth:`mix_shares`); ``rate`` (``greedy``
+    or ``policy``: what the log rates each member as, default :data:`DEFAULT_RATE`); ``dim``
     and ``seed`` (member i is seeded ``seed + i``); ``eps0``, ``gamma``, ``prior_mean``,
     ``prior_strength``, ``arm_priors`` given here apply to every member that does not set its own.
     """
@@ -288,6 +305,7 @@ class Portfolio(Policy):
         min_rows_per_arm: int = MIN_ROWS_PER_ARM,
         mix: float = 0.0,
         mix_rule: str = "fixed",
+        rate: str = DEFAULT_RATE,
         seed: int | None = None,
         **common: Any,
     ) -> None:
@@ -313,6 +331,9 @@ class Portfolio(Policy):
         if mix_rule not in ("fixed", "evidence"):
             raise ValueError(f"mix_rule must be 'fixed' or 'evidence', got {mix_rule!r}")
         self.mix_rule = mix_rule
+        if rate not in RATES:
+            raise ValueError(f"rate must be one of {', '.join(map(repr, RATES))}, got {rate!r}")
+        self.rate = rate
         self.specs = [_member_spec(i, spec) for i, spec in enumerate(members)]
         self.labels = [_label(spec) for spec in self.specs]
         if len(set(self.labels)) != len(self.labels):
@@ -351,11 +372,22 @@ class Portfolio(Policy):
         self._warn_of_order()
 
     def _warn_of_order(self) -> None:
-        """Log once per process, with the settings, each later member that learns as the first
-        does and only explores more: the log is unlikely ever to rate it better, so it is
-        unlikely ever to act (module docstring, "What the log does not rate")."""
+        """Log once per process, with the settings, each later member that cannot act or is
+        unlikely to (module docstring, "What the log rates"): rated greedily, one that learns as
+        an earlier member does (it ties with it on every row); rated by the distribution, one
+        that learns as the first does and only explores more."""
         for j in range(1, len(self.members)):
-            if self._leader[j] != 0:  # learns otherwise than the first: the log can rate it
+            leader = self._leader[j]
+            if self.rate == "greedy":
+                if leader == j or (self.labels[leader], self.labels[j]) in _WARNED_ORDER:
+                    continue
+                log.warning("portfolio member %r learns as the earlier %r does and differs only in how it decides (%s): "
+                            "the log rates what members have learned (rate 'greedy'), so it ties with %r on every row "
+                            "and never acts; list it first for it to act, or drop it", self.labels[j], self.labels[leader],
+                            _deciding_difference(self.members[leader], self.members[j]), self.labels[leader])  # fmt: skip
+                _WARNED_ORDER.add((self.labels[leader], self.labels[j]))
+                continue
+            if leader != 0:  # learns otherwise than the first: the log can rate it
                 continue
             more = _explores_more(self.members[0], self.members[j])
             if more and (self.labels[0], self.labels[j]) not in _WARNED_ORDER:
@@ -405,6 +437,8 @@ class Portfolio(Policy):
             params["mix"] = self.mix
         if self.mix_rule != "fixed":
             params["mix_rule"] = self.mix_rule
+        if self.rate != DEFAULT_RATE:
+            params["rate"] = self.rate
         for key, value in self.common.items():
             params[key] = {arm: list(p) for arm, p in value.items()} if key == "arm_priors" else value
         return params
@@ -632,15 +666,30 @@ class Portfolio(Policy):
     ) -> tuple[np.ndarray, np.ndarray]:
         """Every member's view of logged rows, ``contexts[i]`` shown to the arms
         ``candidates[i]`` of which ``chosen[i]`` was taken: ``(pi, rhat)``, both ``(n, M, K)``
-        for K the most candidates of a row (zero past a row's own): member m's probability of
-        each candidate (its decide step, floor included; Thompson sampling's by its seeded
-        draws) and its model's expected reward of each."""
+        for K the most candidates of a row (zero past a row's own): the policy member m is
+        rated as, and its model's expected reward of each candidate. With ``rate`` ``greedy``
+        the policy is the member's greedy choice (1 on the candidate its model rates highest,
+        the first of ties); with ``policy``, its decide step's probabilities (floor included;
+        Thompson sampling's by its seeded draws)."""
         contexts = np.asarray(contexts, dtype=np.float64).reshape(len(chosen), self.dim)
-        gen = rng if isinstance(rng, np.random.Generator) else np.random.default_rng(rng)
         rows = self._member_rows(contexts)
-        width = max((len(arms) for arms in candidates), default=0)
+        sizes = np.fromiter((len(arms) for arms in candidates), dtype=np.intp, count=len(candidates))
+        width = int(sizes.max(initial=0))
         pi = np.zeros((len(contexts), len(self.members), width))
         rhat = np.zeros_like(pi)
+        # the predictions in one call per member: row i once for each of its candidates
+        row_of = np.repeat(np.arange(len(candidates)), sizes)
+        position = np.arange(len(row_of)) - np.repeat(np.cumsum(sizes) - sizes, sizes)
+        flat_arms = [arm for arms in candidates for arm in arms]
+        for m, member in enumerate(self.members):
+            rhat[row_of, m, position] = member.expected_rewards(rows[m][row_of], flat_arms)
+        rhat = np.nan_to_num(rhat)
+        if self.rate == "greedy":
+            past = np.arange(width)[None, None, :] >= sizes[:, None, None]
+            best = np.where(past, -np.inf, rhat).argmax(axis=2)  # (n, M): the first of ties
+            np.put_along_axis(pi, best[:, :, None], 1.0, axis=2)
+            return pi, rhat
+        gen = rng if isinstance(rng, np.random.Generator) else np.random.default_rng(rng)
         for i, arms in enumerate(candidates):
             K = len(arms)
             candidates_of: dict[int, np.ndarray] = {}  # members on the same rows share them
@@ -650,14 +699,7 @@ class Portfolio(Policy):
                     x = rows[m][i]
                     X = candidates_of[id(rows[m])] = np.ascontiguousarray(np.broadcast_to(x, (K, len(x))))
                 pi[i, m, :K] = member.probabilities(X, arms, gen).probabilities
-        # the predictions in one call per member: row i once for each of its candidates
-        sizes = np.fromiter((len(arms) for arms in candidates), dtype=np.intp, count=len(candidates))
-        row_of = np.repeat(np.arange(len(candidates)), sizes)
-        position = np.arange(len(row_of)) - np.repeat(np.cumsum(sizes) - sizes, sizes)
-        flat_arms = [arm for arms in candidates for arm in arms]
-        for m, member in enumerate(self.members):
-            rhat[row_of, m, position] = member.expected_rewards(rows[m][row_of], flat_arms)
-        return pi, np.nan_to_num(rhat)
+        return pi, rhat
 
     def reward_model(self) -> int:
         """The member whose predictions serve as the estimate's reward model: the one with the
@@ -951,7 +993,7 @@ def _explores_more(first: Policy, later: Policy) -> list[str]:
         return []
     more, less = [], False
     for name, sign in _EXPLORING:
-        a, b = getattr(first, name, None), getattr(later, name, None)
+        a, b = _setting(first, name), _setting(later, name)
         if a is None or b is None or a == b:
             continue
         if (b - a) * sign > 0:
@@ -959,6 +1001,22 @@ def _explores_more(first: Policy, later: Policy) -> list[str]:
         else:
             less = True
     return [] if less else more
+
+
+def _setting(member: Policy, name: str) -> float | None:
+    """A deciding setting's value; ``lin_igw``'s unset ``alpha`` as it is up to ten candidates."""
+    value = getattr(member, name, None)
+    if value is None and name == "alpha" and hasattr(member, "alpha_for"):
+        return member.alpha_for(1)
+    return value
+
+
+def _deciding_difference(first: Policy, later: Policy) -> str:
+    """The deciding settings in which two members that learn alike differ, e.g. ``alpha 1.0 against unset``."""
+    a, b = first.get_params(), later.get_params()
+    shown = lambda value: "unset" if value is None else json.dumps(value)  # noqa: E731
+    changed = [f"{k} {shown(b.get(k))} against {shown(a.get(k))}" for k in sorted(_DECIDING - {"seed"}) if a.get(k) != b.get(k)]
+    return ", ".join(changed) or "nothing"
 
 
 def _take_learning(source: Policy, target: Policy, arms: Sequence[str]) -> None:
