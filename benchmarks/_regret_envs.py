@@ -18,6 +18,9 @@ Synthetic (K arms, d features z ~ N(0, I_d), noise N(0, 0.5^2) unless said):
 - ``heavy_tail``: ``linear`` with Student-t noise of 2 degrees of freedom (infinite variance),
   scale 0.5.
 - ``many_arms``: ``linear`` with K=100, d=5.
+- ``fifty_arms``: ``linear`` with K=50, d=10: a second world with many arms, added after
+  ``lin_igw``'s ``alpha`` was made to grow with the number of candidates (chosen on ``linear``,
+  ``many_arms`` and linear worlds with K = 30-300 run outside the suite, this one among them).
 - ``new_arms``: ``linear`` with 10 arms, and 10 more (ids 10..19, coefficients from the same
   prior) from T/2 on.
 
@@ -152,6 +155,10 @@ def many_arms(steps: int, rng: np.random.Generator) -> Stream:
     return _linear_stream("many_arms", steps, rng, n_arms=100, dim=5)
 
 
+def fifty_arms(steps: int, rng: np.random.Generator) -> Stream:
+    return _linear_stream("fifty_arms", steps, rng, n_arms=50, dim=10)
+
+
 def new_arms(steps: int, rng: np.random.Generator) -> Stream:
     stream = _linear_stream("new_arms", steps, rng, n_arms=20, dim=10)
     n_arms = np.where(np.arange(steps) < steps // 2, 10, 20)
@@ -206,6 +213,7 @@ ENVIRONMENTS: dict[str, Callable[[int, np.random.Generator], Stream]] = {
     "drift_gradual": drift_gradual,
     "heavy_tail": heavy_tail,
     "many_arms": many_arms,
+    "fifty_arms": fifty_arms,
     "new_arms": new_arms,
 }
 

@@ -1,8 +1,8 @@
-"""Regret suite: banditstream's policies as a user gets them, against peers, on eleven environments.
+"""Regret suite: banditstream's policies as a user gets them, against peers, on twelve environments.
 
 Every learner meets the same seeded streams (``benchmarks/_regret_envs.py``: stationary linear,
 nonlinear, four scikit-learn datasets as bandits with ``digits`` held out, abrupt and gradual
-drift, heavy-tailed noise, 100 arms, arms that appear at T/2) in the same run.
+drift, heavy-tailed noise, 100 and 50 arms, arms that appear at T/2) in the same run.
 
 Protocol, per environment, seed and batch size B:
 
