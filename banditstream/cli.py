@@ -771,12 +771,12 @@ def monitor(
 
 @app.command()
 def doctor() -> None:
-    """Check the config against the services it names: broker, topics, registry, snapshot store, keys, clock."""
+    """Check the config against the services it names: broker, topics, registry, snapshot store, keys, clock; and its domains."""
     from banditstream.doctor import run_checks
 
     with err_console.status("checking"):
         checks = run_checks(state.settings())
-    marks = {"ok": "[green]ok[/]", "failed": "[bold red]FAILED[/]", "skipped": "[yellow]skipped[/]"}
+    marks = {"ok": "[green]ok[/]", "warning": "[bold yellow]warning[/]", "failed": "[bold red]FAILED[/]", "skipped": "[yellow]skipped[/]"}
     width = max(len(c.name) for c in checks)
     for c in checks:
         line = f"{marks[c.status]}  {c.name:<{width}}  {c.detail}"

@@ -15,7 +15,10 @@ did not):
 * **publish keys**: when ``publish.keys_dir`` holds private keys, they are the ones the root
   names for their roles, and its ``root.json`` is the trusted root;
 * **clock**: against the S3 server's ``Date`` (within the join's ``max_clock_skew_s``; skipped
-  for a directory store).
+  for a directory store);
+* **domains**: every declared domain builds its policy; a portfolio member that the log would
+  never (or hardly ever) hand the acting role is a **warning** (the command still exits 0), with
+  the member and its settings named.
 """
 
 from __future__ import annotations
@@ -28,13 +31,13 @@ from pathlib import Path
 
 from banditstream.config import Settings
 
-__all__ = ["Check", "run_checks"]
+__all__ = ["Check", "domain_check", "run_checks"]
 
 
 @dataclass(frozen=True)
 class Check:
     name: str
-    #: "ok", "failed" or "skipped"
+    #: "ok", "warning", "failed" or "skipped"
     status: str
     detail: str
     fix: str = ""
@@ -207,4 +210,22 @@ def run_checks(settings: Settings, *, timeout_s: float = 5.0) -> list[Check]:
     check("trusted root", (), trusted_root)
     check("publish keys", ("trusted root",), publish_keys)
     check("clock", ("snapshot store",), clock)
+    checks.append(domain_check(settings))
     return checks
+
+
+def domain_check(settings: Settings) -> Check:
+    """The **domains** check: every declared domain's policy builds, and no portfolio member is
+    one the log would never (or hardly ever) hand the acting role (a warning, naming it)."""
+    built, warnings = [], []
+    for name, domain in settings.domains.items():
+        try:
+            policy = domain.make_policy(seed=0)
+        except (TypeError, ValueError) as exc:
+            return Check("domains", "failed", f"{name}: {exc}", f"fix domains.{name}'s policy and params")
+        built.append(f"{name} ({policy.name})")
+        order_warnings = getattr(policy, "order_warnings", None)
+        warnings += [f"{name}: {message}" for message in (order_warnings() if order_warnings else [])]
+    if warnings:
+        return Check("domains", "warning", "; ".join(warnings), "reorder or drop the members named")
+    return Check("domains", "ok", ", ".join(built) or "none declared")

@@ -20,7 +20,7 @@ from tests.registry_server import RegistryServer
 
 pytestmark = pytest.mark.integration
 
-NAMES = ["broker", "topics", "registry", "snapshot store", "trusted root", "publish keys", "clock"]
+NAMES = ["broker", "topics", "registry", "snapshot store", "trusted root", "publish keys", "clock", "domains"]
 
 
 @pytest.fixture
@@ -92,3 +92,20 @@ def test_the_registry_check_uses_the_configured_credentials(setup):
     status, detail, fix = wrong["registry"]
     assert status == "failed" and "401" in detail and "registry.basic_auth_user_info" in fix, wrong["registry"]
     assert "wrong-password" not in detail + fix
+
+
+def test_a_portfolio_member_that_never_acts_is_a_warning_naming_it_and_the_command_still_exits_0(setup, tmp_path, capsys):
+    optimistic = {"policy": "lin_igw", "alpha": 1.0, "label": "optimistic"}
+    sound = {"routing": {}, "tuning": {"policy": "portfolio", "params": {"members": [optimistic, {**optimistic, "gamma": 0.995, "label": "o2"}]}}}
+    checks = statuses({**setup, "domains": sound})
+    assert checks["domains"] == ("ok", "routing (portfolio), tuning (portfolio)", ""), checks["domains"]
+    misordered = {**sound, "tuning": {"policy": "portfolio", "params": {"members": [{"policy": "lin_igw"}, optimistic]}}}
+    tree = {**setup, "domains": misordered}
+    status, detail, fix = statuses(tree)["domains"]
+    assert status == "warning" and detail.startswith("tuning: portfolio member 'optimistic' learns as the earlier 'lin_igw'")
+    assert "(alpha 1.0 against unset)" in detail and "never acts" in detail and "reorder or drop" in fix
+    config = tmp_path / "misordered.json"
+    config.write_text(json.dumps(tree))
+    assert main(["--config", str(config), "doctor"]) == 0
+    out = capsys.readouterr().out
+    assert "warning" in out and "optimistic" in out and "FAILED" not in out

@@ -372,29 +372,36 @@ class Portfolio(Policy):
         self._warn_of_order()
 
     def _warn_of_order(self) -> None:
-        """Log once per process, with the settings, each later member that cannot act or is
-        unlikely to (module docstring, "What the log rates"): rated greedily, one that learns as
-        an earlier member does (it ties with it on every row); rated by the distribution, one
-        that learns as the first does and only explores more."""
+        """Log each of :meth:`order_warnings` once per process."""
+        for key, message in self._order_problems():
+            if key not in _WARNED_ORDER:
+                _WARNED_ORDER.add(key)
+                log.warning("%s", message)
+
+    def order_warnings(self) -> list[str]:
+        """Each later member that cannot act or is unlikely to, with its settings (module
+        docstring, "What the log rates"): rated greedily, one that learns as an earlier member
+        does (it ties with it on every row); rated by the distribution, one that learns as the
+        first does and only explores more. ``banditstream doctor`` reports them."""
+        return [message for _, message in self._order_problems()]
+
+    def _order_problems(self) -> list[tuple[tuple[str, str], str]]:
+        problems = []
         for j in range(1, len(self.members)):
             leader = self._leader[j]
             if self.rate == "greedy":
-                if leader == j or (self.labels[leader], self.labels[j]) in _WARNED_ORDER:
-                    continue
-                log.warning("portfolio member %r learns as the earlier %r does and differs only in how it decides (%s): "
-                            "the log rates what members have learned (rate 'greedy'), so it ties with %r on every row "
-                            "and never acts; list it first for it to act, or drop it", self.labels[j], self.labels[leader],
-                            _deciding_difference(self.members[leader], self.members[j]), self.labels[leader])  # fmt: skip
-                _WARNED_ORDER.add((self.labels[leader], self.labels[j]))
-                continue
-            if leader != 0:  # learns otherwise than the first: the log can rate it
-                continue
-            more = _explores_more(self.members[0], self.members[j])
-            if more and (self.labels[0], self.labels[j]) not in _WARNED_ORDER:
-                _WARNED_ORDER.add((self.labels[0], self.labels[j]))
-                log.warning("portfolio member %r explores more than the first, %r (%s), and learns from the same rows: "
-                            "the log rates what a member's decisions earn now, and exploring earns less now, so it is "
-                            "unlikely ever to act; list it first for it to act", self.labels[j], self.labels[0], ", ".join(more))  # fmt: skip
+                if leader != j:
+                    problems.append(((self.labels[leader], self.labels[j]), (
+                        f"portfolio member {self.labels[j]!r} learns as the earlier {self.labels[leader]!r} does and differs "
+                        f"only in how it decides ({_deciding_difference(self.members[leader], self.members[j])}): the log "
+                        f"rates what members have learned (rate 'greedy'), so it ties with {self.labels[leader]!r} on every "
+                        f"row and never acts; list it first for it to act, or drop it")))  # fmt: skip
+            elif leader == 0 and (more := _explores_more(self.members[0], self.members[j])):
+                problems.append(((self.labels[0], self.labels[j]), (
+                    f"portfolio member {self.labels[j]!r} explores more than the first, {self.labels[0]!r} "
+                    f"({', '.join(more)}), and learns from the same rows: the log rates what a member's decisions earn "
+                    f"now, and exploring earns less now, so it is unlikely ever to act; list it first for it to act")))  # fmt: skip
+        return problems
 
     def _alarm_source(self, i: int, spec: Mapping[str, Any]) -> int | None:
         """The index of the member named by member i's ``alarms_from`` (None without one): an
