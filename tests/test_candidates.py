@@ -80,7 +80,7 @@ def test_a_progressive_candidate_never_scores_a_row_with_a_model_that_learned_fr
 
 def test_a_progressive_portfolio_chooses_who_acts_from_the_log_as_the_publisher_does():
     log = logged(1200)
-    poor = {"policy": "lin_ucb", "alpha": 0.5, "eps0": 0.9, "label": "poor"}
+    poor = {"policy": "lin_ucb", "alpha": 0.5, "eps0": 0.9, "arm_priors": {"b": [2.0, 1e6]}, "label": "poor"}  # believes b, which never pays, pays 2
     sound = {"policy": "lin_ucb", "alpha": 0.5, "eps0": 0.05}
     dist = Progressive("portfolio", {"members": [poor, sound], "min_rows": 200}, batch_size=50).action_dist(log)
     alone = {name: Progressive("lin_ucb", {k: v for k, v in spec.items() if k not in ("policy", "label")}, batch_size=50).action_dist(log)
