@@ -683,7 +683,7 @@ class Bench:
         )
         self.results["judge_method"] = (
             f"the publisher's judging of the default portfolio: {JUDGE_ROWS:,} logged rows, {cfg.decide_arms} candidates "
-            "each, scored by a trained scoring view (every member's distribution and predictions) and observed; "
+            "each, scored by a trained scoring view (every member's predictions and the greedy choice it is rated as) and observed; "
             f"best of {cfg.repeats} runs"
         )
         self.results["decide_method"] = (
