@@ -654,6 +654,9 @@ def test_a_later_member_that_learns_as_an_earlier_one_is_warned_of_once_it_never
         for members in ([OPTIMISTIC, {**OPTIMISTIC, "gamma": 0.995, "label": "o2"}], DEFAULT_MEMBERS):
             make_policy("portfolio", dim=3, members=members)
         assert caplog.text == ""
+    other_rule = make_policy("portfolio", dim=3, members=[{"policy": "lin_igw"}, {"policy": "lin_ucb", "alpha": 0.3}])
+    (message,) = other_rule.order_warnings()  # what doctor reports, however often it was logged
+    assert "(policy lin_ucb against lin_igw, alpha 0.3 against unset, eps0 0.05 against 0.01)" in message
 
 
 def test_rated_by_distribution_a_later_member_that_only_explores_more_is_warned_of_once(caplog, monkeypatch):

@@ -49,9 +49,10 @@ class LinIGW(DriftDetection, LinearPolicy):
     (``lin_igw`` alone, T = 20,000, seeds 0-8 in batches of 200 and 0-5 at one update per
     event) the best fixed ``alpha`` was 0.3 at K = 10 and 0.45-1 at K = 30-300 (0.6-1 at one
     update per event, where no first batch is drawn uniformly). 100 arms, d = 5, one update per
-    event: 7,203 regret at 0.3, 3,577 at 0.6, 2,420 at 1; in batches of 200: 4,051, 2,980, 3,495. The cap keeps batches of 200 among
-    200 arms (d = 10) within 6 % of 0.3 (0.6: 8,415 against 7,938), where one update per event
-    gains 28 % (7,354 against 10,213). A number given is used at every K.
+    event: 7,203 regret at 0.3, 3,577 at 0.6, 2,420 at 1; in batches of 200: 4,051, 2,980,
+    3,495. The cap keeps batches of 200 among 200 arms (d = 10) within 6 % of 0.3 (0.6: 8,415
+    against 7,938), where one update per event gains 28 % (7,354 against 10,213). A number given
+    is used at every K.
 
     Parameters: ``alpha`` (>= 0, default unset: above), ``gamma_scale`` (> 0, default 300) and
     ``gamma_exponent`` (>= 0, default 0.5), the defaults chosen by ``benchmarks/regret.py``
@@ -80,7 +81,8 @@ class LinIGW(DriftDetection, LinearPolicy):
         self, dim: int, *, alpha: float | None = None, gamma_scale: float = 300.0, gamma_exponent: float = 0.5,
         eps0: float = 0.01, **kwargs: Any,
     ) -> None:  # fmt: skip
-        if alpha is not None and (isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not (alpha >= 0.0 and np.isfinite(alpha))):
+        number = isinstance(alpha, (int, float)) and not isinstance(alpha, bool)
+        if alpha is not None and not (number and alpha >= 0.0 and np.isfinite(alpha)):
             raise ValueError(f"alpha must be a finite number >= 0 (or unset: by the number of candidates), got {alpha!r}")
         if not (gamma_scale > 0.0 and np.isfinite(gamma_scale)):
             raise ValueError(f"gamma_scale must be finite and > 0, got {gamma_scale!r}")

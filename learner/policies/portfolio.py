@@ -1,15 +1,19 @@
 """A portfolio: several policies learn side by side, and the one the domain's own log rates best acts.
 
-Which LinUCB alpha, which IGW scale, forgetting or not: the right answer depends on the traffic,
-and a user cannot tune on live traffic safely. A portfolio names the settings to try::
+Forgetting or not, how fast, a linear model or a kernel one: the right answer depends on the
+traffic, and a user cannot tune on live traffic safely. A portfolio names the settings to try::
 
     policy: portfolio
     params:
       eps0: 0.02                      # a common setting: every member's, unless it sets its own
       members:
         - {policy: lin_igw}            # the first member acts until the log shows a better one
-        - {policy: lin_ucb, alpha: 0.3}
         - {policy: lin_igw, gamma: 0.999, label: igw-forgetting}
+        - {policy: lin_igw, alpha: 0, fourier: 128, label: kernel}
+
+Which LinUCB ``alpha`` or IGW scale (settings of how to explore, not of what is learned) the log
+rates only with ``rate: policy``, and then in favour of the member that explores least ("What
+the log rates", below).
 
 **The default.** A domain that names no policy is ``policy: portfolio`` with its default members
 (:data:`DEFAULT_MEMBERS`): ``lin_igw`` as it comes, the same forgetting, and SquareCB on 128
@@ -1022,7 +1026,10 @@ def _deciding_difference(first: Policy, later: Policy) -> str:
     """The deciding settings in which two members that learn alike differ, e.g. ``alpha 1.0 against unset``."""
     a, b = first.get_params(), later.get_params()
     shown = lambda value: "unset" if value is None else json.dumps(value)  # noqa: E731
-    changed = [f"{k} {shown(b.get(k))} against {shown(a.get(k))}" for k in sorted(_DECIDING - {"seed"}) if a.get(k) != b.get(k)]
+    both = sorted((_DECIDING - {"seed"}) & set(a) & set(b))  # another rule's own settings go without saying
+    changed = [f"{k} {shown(b[k])} against {shown(a[k])}" for k in both if a[k] != b[k]]
+    if first.name != later.name:  # per-arm linear policies of different rules learn alike too
+        changed.insert(0, f"policy {later.name} against {first.name}")
     return ", ".join(changed) or "nothing"
 
 
