@@ -170,7 +170,7 @@ def test_a_clearly_better_member_takes_over_and_the_switch_is_recorded():
 
 def test_rated_greedily_each_member_is_one_on_the_candidate_its_model_rates_highest():
     """The first of ties, nothing past a row's own candidates, and the same predictions as the
-    distribution's rating; the value the log gives it is that choice's."""
+    distribution's rating; ``rate`` travels in the parameters and the bytes."""
     members = [GOOD, {"policy": "lin_igw", "gamma": 0.9, "label": "short"}, {"policy": "lin_ts", "prior_mean": 0.5, "label": "ts"}]
     greedy, by_policy = (make_policy("portfolio", dim=3, seed=1, members=members, rate=rate) for rate in ("greedy", "policy"))
     rng = np.random.default_rng(8)
