@@ -79,9 +79,9 @@ a member is rated as is its greedy choice: 1 on the candidate its model rates hi
 of ties), 0 elsewhere. Exploring costs on the row and pays later, in statistics that the log
 cannot credit to the member that explored: it learned from the acting member's rows, as every
 member did. Rated by its decide step's distribution (``rate = "policy"``), a member that
-explores less is rated better over any stretch of rows, and takes the acting role whenever it
-learns otherwise as well: with many candidates, where exploring pays most, the default's
-``lin_igw`` handed over to the Fourier member or forgetting, which explored least
+explores less tends to be rated better, and takes the acting role when it also learns
+otherwise: with many candidates, where exploring pays most, the default's ``lin_igw`` handed
+over to the Fourier member or forgetting, which explored least
 (``benchmarks/regret.py``, :data:`DEFAULT_RATE`). Rated greedily, the log compares models (the
 linear, the forgetting, the Fourier one), and how to explore stays the acting member's setting.
 So members that learn alike (the same policy and learning settings, differing in ``alpha``,
@@ -195,8 +195,8 @@ DEFAULT_LEVEL = 0.9999
 #: What the log rates each member as (``rate``): ``greedy``, the choice its model rates highest,
 #: so the portfolio compares what the members have learned and the acting one's settings decide
 #: how to explore; or ``policy``, its decide step's distribution, exploring included, which
-#: rates a member that explores less better over any stretch of rows (module docstring, "What
-#: the log rates"). Rating by the distribution, a default ``lin_igw`` made more optimistic with
+#: tends to rate a member that explores less better (module docstring, "What the log rates").
+#: Rating by the distribution, a default ``lin_igw`` made more optimistic with
 #: many candidates handed the acting role to the Fourier member or forgetting, the members that
 #: explored least (``benchmarks/regret.py``'s many_arms at B = 200, regret 3,379; greedy,
 #: 3,084; seeds 0-5).
