@@ -241,6 +241,34 @@ def test_who_acts_and_the_evidence_travel_in_the_bytes_and_the_scoring_view():
     assert not other.adopt_selection(view)  # other members: the evidence does not carry
 
 
+def test_evidence_rated_otherwise_or_unsaid_restarts_and_who_acts_stays():
+    """A state says how its evidence rated the members; loaded or adopted by a portfolio that rates
+    otherwise (or from a state written before it said), the evidence restarts and the rest carries."""
+    from learner.policies import base
+
+    by_policy = make_policy("portfolio", dim=3, seed=2, members=[POOR, GOOD], min_rows=200, rate="policy")
+    play(by_policy, 2000)
+    assert by_policy.acting == 1 and by_policy.estimates()[0]["gain"] != 0.0
+    header, arrays = base._decode(by_policy.to_bytes())
+    assert header["rated"] == "policy"
+    unsaid = {k: v for k, v in header.items() if k not in ("arrays", "rated")}
+    greedy_params = {k: v for k, v in header["params"].items() if k != "rate"}
+    as_greedy = base._encode({**unsaid, "params": greedy_params}, arrays)
+    as_greedy_said = base._encode({**unsaid, "params": greedy_params, "rated": "policy"}, arrays)
+    same_rate = base._encode({**unsaid, "rated": "policy"}, arrays)
+    for blob in (as_greedy, as_greedy_said, base._encode(unsaid, arrays)):
+        loaded = Policy.from_bytes(blob)
+        assert loaded.acting == 1 and loaded.switches == by_policy.switches and loaded.rows_seen == 2000
+        assert [e["gain"] for e in loaded.estimates()] == [0.0, 0.0] and loaded.estimates()[0]["ess"] == 0.0
+        assert loaded._sel["select_e"].tolist() == by_policy._sel["select_e"].tolist()  # the reward model's record stays
+    assert Policy.from_bytes(same_rate).estimates() == by_policy.estimates()
+    with pytest.raises(StateFormatError, match="rated its members by 'votes'"):
+        Policy.from_bytes(base._encode({**unsaid, "rated": "votes"}, arrays))
+    greedy = make_policy("portfolio", dim=3, seed=2, members=[POOR, GOOD], min_rows=200)
+    assert greedy.adopt_selection(by_policy) and greedy.acting == 1
+    assert [e["gain"] for e in greedy.estimates()] == [0.0, 0.0] and greedy.rows_seen == 2000
+
+
 def test_an_arm_blob_loads_into_every_member_or_none():
     members = [POOR, {"policy": "lin_igw", "gamma": 0.99}]  # they learn differently: the blob carries both
     portfolio = make_policy("portfolio", dim=3, seed=2, members=members)

@@ -89,7 +89,10 @@ So members that learn alike (the same policy and learning settings, differing in
 portfolio logs a warning, once per process, naming each later one. To explore more, set it on
 the members that act (``lin_igw``'s ``alpha`` grows with the number of candidates by itself).
 With ``rate = "policy"`` such a member is rated, but by what its decisions earn now: one that
-only explores more than the first is warned of instead.
+only explores more than the first is warned of instead. The state names the rating its evidence
+was summed by (``rated``); loaded or adopted by a portfolio that rates otherwise, or written
+before states named it, the evidence restarts (who acts, the switches and the reward model's
+record carry).
 
 **Fourier members.** A member may learn on random Fourier features of the row instead of the
 row: ``{policy: lin_igw, fourier: 128, fourier_scale: 1.0}`` (:mod:`learner.policies._fourier`),
@@ -254,6 +257,12 @@ SWITCH_WEIGHT = 20.0
 _EVIDENCE = ("select_n", "select_reward", "select_d", "select_c", "select_s", "select_w", "select_w2")
 #: Selection sums a state written before 2026-11-28 lacks (they start at zero).
 _SELECTION_SINCE = ("select_e", "select_rows")
+
+
+def _restart_evidence(sums: dict[str, np.ndarray]) -> None:
+    """Zero the sums that judge the members against the acting one (:data:`_EVIDENCE`)."""
+    for name in _EVIDENCE:
+        sums[name] = np.zeros_like(sums[name])
 
 
 def _member_spec(index: int, spec: Any) -> dict[str, Any]:
@@ -804,8 +813,7 @@ class Portfolio(Policy):
                   "gain": float(gain[best]), "lower": float(lower[best])}  # fmt: skip
         self.acting = best
         self.switches = [*self.switches, switch][-MAX_SWITCHES:]
-        for name in _EVIDENCE:  # the new acting member is judged from here on
-            self._sel[name] = np.zeros_like(self._sel[name])
+        _restart_evidence(self._sel)  # the new acting member is judged from here on
         return switch
 
     def estimates(self) -> list[dict[str, Any]]:
@@ -837,6 +845,8 @@ class Portfolio(Policy):
         self.acting = other.acting
         self.switches = list(other.switches)
         self._sel = {name: value.copy() for name, value in other._sel.items()}
+        if other.rate != self.rate:  # its evidence rated the members otherwise: it does not add to this one's
+            _restart_evidence(self._sel)
 
     def adopt_selection(self, previous: Policy) -> bool:
         """Carry the acting member and the evidence from ``previous`` (e.g. the last snapshot's
@@ -871,7 +881,7 @@ class Portfolio(Policy):
             slots = np.array([member._existing_slot(a) for a in arms], dtype=np.intp)
             arrays.update((f"m{m}.{name}", value) for name, value in member._view_arrays(slots).items())
         header = {"policy": self.name, "kind": "policy", "view": self._view(), "dim": self.dim, "params": self.get_params(),
-                  "arms": arms, "acting": self.acting, "switches": self.switches}  # fmt: skip
+                  "arms": arms, "acting": self.acting, "switches": self.switches, "rated": self.rate}  # fmt: skip
         return _encode(header, arrays)
 
     @classmethod
@@ -900,6 +910,11 @@ class Portfolio(Policy):
             portfolio._sel[name] = value.astype(portfolio._sel[name].dtype)
         if "select_rows" not in arrays:  # a state from before the evidence restarted at a switch: it never did
             portfolio._sel["select_rows"] = portfolio._sel["select_n"].copy()
+        rated = header.get("rated")
+        if rated is not None and rated not in RATES:
+            raise StateFormatError(f"portfolio state rated its members by {rated!r}; known: {', '.join(RATES)}")
+        if rated != portfolio.rate:  # evidence of another rating, or of an unsaid one (written before it was), does not add
+            _restart_evidence(portfolio._sel)
         portfolio._check_carried(arrays)
         portfolio.acting, portfolio.switches = acting, switches
         portfolio._scoring_only = view == "scoring"
