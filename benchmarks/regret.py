@@ -82,8 +82,10 @@ stdout is one JSON object: ``{"envs": {env: {"B200": {"ours", "best_peer", "best
 "ratio", "variants"}, "B1": {...}}}, "T", "seeds", "held_out", ...}``.
 
 ``--portfolio [JSON]`` runs each member of a portfolio alone (columns ``m0``, ``m1``, ...) and
-reports under ``portfolio`` in the JSON who the portfolio ended with per seed, its switches and
-``picked_over_best``. Without a value those are the default members, and the portfolio is
+reports under ``portfolio`` in the JSON who the portfolio ended with per seed, its switches,
+``picked_over_best`` (that member's regret alone over the best member's), the same over the
+last quarter of the steps (``picked_over_best_late``) and ``over_best_member`` (the portfolio's
+regret over the best member's alone). Without a value those are the default members, and the portfolio is
 "ours" itself; with other members (a JSON list) it adds the column "ours portfolio": a domain
 declared ``policy: portfolio`` with them, learning and choosing as "ours" does, its regret and
 ratio under ``variants``.
@@ -457,6 +459,7 @@ class Outcome:
 
     total: float
     at_cap: float  # regret over the first b1_cap steps (B = 1 only)
+    late: float  # regret over the last quarter of the steps run
     steps: int
     seconds: float
 
@@ -506,8 +509,9 @@ class Suite:
         policy = getattr(learner, "policy", None)
         if isinstance(policy, Portfolio) and spec.name == self.portfolio_column:
             self.acting[env, batch].append((policy.acting_label, len(policy.switches)))
+        late = float(regret[steps - steps // 4 :].sum())
         self.outcomes[env, batch, spec.name].append(
-            Outcome(float(regret.sum()), float(regret[: self.cfg.b1_cap].sum()), steps, seconds)
+            Outcome(float(regret.sum()), float(regret[: self.cfg.b1_cap].sum()), late, steps, seconds)
         )
         if batch == self.plot_batch:
             self._add_curve(env, spec.name, regret)
@@ -546,21 +550,30 @@ class Suite:
         return figures
 
     def portfolio_figures(self, env: str, batch: int) -> dict[str, Any]:
-        """Who the portfolio ended with per seed, its switches, each member's regret alone and
-        ``picked_over_best``: per seed, the regret alone of the member it ended with over the
-        best member's (1.0: it picked the best)."""
+        """Who the portfolio ended with per seed, its switches, each member's regret alone, and
+        per seed: ``picked_over_best``, the regret alone of the member it ended with over the best
+        member's (1.0: it picked the best); ``picked_over_best_late``, the same over the last
+        quarter of the steps (which member did best by the end); ``over_best_member``, the
+        portfolio's own regret over the best member's alone (below 1: choosing online cost less
+        than knowing the best member beforehand)."""
         columns = member_columns(self.cfg.members)
-        alone = {label: [o.total for o in self.outcomes[env, batch, column]] for column, label, _ in columns}
-        picked = []
-        for i, (label, _) in enumerate(self.acting[env, batch]):
-            if label in alone:
-                picked.append(alone[label][i] / max(min(regrets[i] for regrets in alone.values()), 1e-9))
+        runs = {label: self.outcomes[env, batch, column] for column, label, _ in columns}
+        ours = self.outcomes[env, batch, self.portfolio_column]
+
+        def over_best(label: str, i: int, late: bool = False) -> float:
+            figure = (lambda o: o.late) if late else (lambda o: o.total)
+            return figure(runs[label][i]) / max(min(figure(outcomes[i]) for outcomes in runs.values()), 1e-9)
+
+        ended = [(i, label) for i, (label, _) in enumerate(self.acting[env, batch]) if label in runs]
         return {
             "acting": [label for label, _ in self.acting[env, batch]],
             "switches": [n for _, n in self.acting[env, batch]],
-            "members": {label: float(np.mean(regrets)) for label, regrets in alone.items()},
-            "best_member": min(alone, key=lambda label: np.mean(alone[label])) if alone else None,
-            "picked_over_best": picked,
+            "members": {label: float(np.mean([o.total for o in outcomes])) for label, outcomes in runs.items()},
+            "best_member": min(runs, key=lambda label: np.mean([o.total for o in runs[label]])) if runs else None,
+            "picked_over_best": [over_best(label, i) for i, label in ended],
+            "picked_over_best_late": [over_best(label, i, late=True) for i, label in ended],
+            "over_best_member": [o.total / max(min(outcomes[i].total for outcomes in runs.values()), 1e-9)
+                                 for i, o in enumerate(ours)] if runs else [],  # fmt: skip
         }
 
     def results(self) -> dict[str, Any]:
