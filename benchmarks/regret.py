@@ -85,10 +85,10 @@ stdout is one JSON object: ``{"envs": {env: {"B200": {"ours", "best_peer", "best
 reports under ``portfolio`` in the JSON who the portfolio ended with per seed, its switches,
 ``picked_over_best`` (that member's regret alone over the best member's), the same over the
 last quarter of the steps (``picked_over_best_late``) and ``over_best_member`` (the portfolio's
-regret over the best member's alone). Without a value those are the default members, and the portfolio is
-"ours" itself; with other members (a JSON list) it adds the column "ours portfolio": a domain
-declared ``policy: portfolio`` with them, learning and choosing as "ours" does, its regret and
-ratio under ``variants``.
+regret over the best member's alone). Without a value those are the default members, and the
+portfolio is "ours" itself; with other members (a JSON list) it adds the column "ours
+portfolio": a domain declared ``policy: portfolio`` with them, learning and choosing as "ours"
+does, its regret and ratio under ``variants``.
 
 ``--variant NAME:key=value,...`` adds a column of ours with those policy parameters over the
 defaults (JSON values), e.g. ``--variant 'ours+detect:detect=true'``; its regret and ratio to
