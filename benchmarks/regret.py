@@ -560,9 +560,12 @@ class Suite:
         runs = {label: self.outcomes[env, batch, column] for column, label, _ in columns}
         ours = self.outcomes[env, batch, self.portfolio_column]
 
+        def best_alone(i: int, late: bool = False) -> float:
+            return max(min(o[i].late if late else o[i].total for o in runs.values()), 1e-9)
+
         def over_best(label: str, i: int, late: bool = False) -> float:
-            figure = (lambda o: o.late) if late else (lambda o: o.total)
-            return figure(runs[label][i]) / max(min(figure(outcomes[i]) for outcomes in runs.values()), 1e-9)
+            outcome = runs[label][i]
+            return (outcome.late if late else outcome.total) / best_alone(i, late)
 
         ended = [(i, label) for i, (label, _) in enumerate(self.acting[env, batch]) if label in runs]
         return {
@@ -572,8 +575,7 @@ class Suite:
             "best_member": min(runs, key=lambda label: np.mean([o.total for o in runs[label]])) if runs else None,
             "picked_over_best": [over_best(label, i) for i, label in ended],
             "picked_over_best_late": [over_best(label, i, late=True) for i, label in ended],
-            "over_best_member": [o.total / max(min(outcomes[i].total for outcomes in runs.values()), 1e-9)
-                                 for i, o in enumerate(ours)] if runs else [],  # fmt: skip
+            "over_best_member": [o.total / best_alone(i) for i, o in enumerate(ours)] if runs else [],
         }
 
     def results(self) -> dict[str, Any]:
