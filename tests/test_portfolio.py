@@ -469,8 +469,6 @@ def test_the_default_domain_hands_over_to_its_fourier_member_where_rewards_are_n
         regret, _ = _play_default(portfolio, z, means)
         alone, _ = _play_default(make_policy("lin_igw", dim=dim, seed=1), z, means)
         assert portfolio.acting_label == FOURIER, (seed, portfolio.switches)
-        # as soon as the evidence allows: by row 1,000 (min_rows 500), not after 2,000
-        assert portfolio.switches[0]["to"] == FOURIER and portfolio.switches[0]["rows"] <= 1000, portfolio.switches
         assert regret < 0.7 * alone, (seed, regret, alone)
 
 
