@@ -472,6 +472,20 @@ def test_the_default_domain_hands_over_to_its_fourier_member_where_rewards_are_n
         assert regret < 0.7 * alone, (seed, regret, alone)
 
 
+def test_a_default_domain_that_sets_min_rows_keeps_its_members_and_hands_over_sooner():
+    """README: a domain whose rewards are known to be nonlinear may set ``min_rows = 500``; its
+    members stay the default's, and the Fourier member takes the XOR world by row 1,000 where
+    the default waits for 2,000."""
+    sooner = DomainSettings(params={"min_rows": 500}).make_policy(seed=1)
+    assert sooner.min_rows == 500 and sooner.labels == DomainSettings().make_policy().labels
+    z, means = _xor_world(0)
+    _play_default(sooner, z, means)
+    default = DomainSettings().make_policy(seed=1)
+    _play_default(default, z, means)
+    assert sooner.switches[0]["to"] == FOURIER and sooner.switches[0]["rows"] <= 1000, sooner.switches
+    assert default.switches[0]["to"] == FOURIER and default.switches[0]["rows"] >= DEFAULT_MIN_ROWS, default.switches
+
+
 def test_the_default_domain_decides_as_lin_igw_on_stationary_traffic_and_hands_over_to_forgetting_on_a_drift():
     default = DomainSettings()
     dim = default.features.dimension
