@@ -10,8 +10,14 @@ TOOLS  := $(VENV)/.deploy-tools
 demo: $(STAMP)  ## run the main job on the embedded default stack
 	$(BIN)/banditstream demo $(ARGS)
 
+# Two pytest workers, a test file each at a time (`--dist loadfile`: a module's fixtures stay on
+# one worker); each worker starts its own broker and S3 server on free ports. Measured on two
+# cores (2026-11-29): 1,749 tests in 598 s against 1,109 s in one process, since most of the
+# slow tests wait on the broker. TEST_WORKERS=0 runs them in this process.
+TEST_WORKERS ?= 2
+
 test: $(STAMP) $(TOOLS)  ## run the whole test suite (starts its own broker and S3 server)
-	$(BIN)/pytest -q --durations=25 $(ARGS)
+	$(BIN)/pytest -q --durations=25 -n $(TEST_WORKERS) --dist loadfile $(ARGS)
 
 bench: $(STAMP)  ## run the benchmarks; each prints a table and a final JSON line
 	$(BIN)/python benchmarks/serde.py
