@@ -34,11 +34,17 @@ REPO = Path(__file__).resolve().parents[1]
 DIM = 8
 
 #: Domains of every shape the worker handles: per-arm Thompson, per-arm UCB with forgetting,
-#: and one model shared across arms.
+#: and one model shared across arms. Robust learning is off (``huber_q`` 0), so a model is the
+#: same whichever way its rows are cut into blocks (one fold is the reference, and a shard
+#: rebuilt from the posterior topic cuts where the previous owner published); ROBUST_DOMAINS
+#: has it on, where the learner must give the fold of its offset-aligned blocks bit for bit.
 DOMAINS: dict[str, dict] = {
-    "route": {"policy": "lin_ts", "params": {"v": 0.5}, "features": {"dimension": DIM}},
-    "prompt": {"policy": "lin_ucb", "params": {"alpha": 1.0, "gamma": 0.999}, "features": {"dimension": DIM}},
+    "route": {"policy": "lin_ts", "params": {"v": 0.5, "huber_q": 0}, "features": {"dimension": DIM}},
+    "prompt": {"policy": "lin_ucb", "params": {"alpha": 1.0, "gamma": 0.999, "huber_q": 0}, "features": {"dimension": DIM}},
     "tool": {"policy": "shared_lin_ucb", "params": {"alpha": 0.5}, "features": {"dimension": DIM, "shared": True}},
+}
+ROBUST_DOMAINS: dict[str, dict] = {
+    name: {**spec, "params": {k: v for k, v in spec["params"].items() if k != "huber_q"}} for name, spec in DOMAINS.items()
 }
 ARMS = {"route": ["gpt", "claude", "llama", "mistral", "small"], "prompt": ["p1", "p2", "p3"], "tool": ["search", "calc", "code"]}
 
@@ -47,13 +53,13 @@ def domain_settings(domains: Mapping[str, dict] = DOMAINS) -> dict[str, DomainSe
     return {name: DomainSettings.model_validate(spec) for name, spec in domains.items()}
 
 
-def worker_config(kafka: KafkaSettings, topics: TopicSettings, state_dir: Path, **extra) -> WorkerConfig:
+def worker_config(kafka: KafkaSettings, topics: TopicSettings, state_dir: Path, domains: Mapping[str, dict] = DOMAINS, **extra) -> WorkerConfig:
     """The config ``run_learner`` gets in-thread; ``extra`` holds LearnerOptions fields."""
     return WorkerConfig(
         kafka=kafka,
         topics=topics,
         registry=RegistrySettings(),
-        domains=domain_settings(),
+        domains=domain_settings(domains),
         limits=ValidationLimits(max_payload_bytes=extra.pop("max_payload_bytes", 1_000_000)),
         state_dir=Path(state_dir),
         metrics_port=0,
@@ -70,7 +76,7 @@ DOOMED_SESSION_MS = 2_000
 
 
 def write_config(path: Path, kafka: KafkaSettings, topics: TopicSettings, state_dir: Path, metrics_port: int,
-                 *, doomed: bool = False) -> Path:
+                 *, doomed: bool = False, domains: Mapping[str, dict] = DOMAINS) -> Path:
     """A config file for ``banditstream learn`` in a subprocess (single-object framing);
     ``doomed`` for a learner the test will SIGKILL (a short group session)."""
     extra = {"extra": {"session.timeout.ms": DOOMED_SESSION_MS}} if doomed else {}
@@ -79,7 +85,7 @@ def write_config(path: Path, kafka: KafkaSettings, topics: TopicSettings, state_
         "topics": topics.model_dump(),
         "stores": {"state_dir": str(state_dir)},
         "metrics": {"port": metrics_port},
-        "domains": DOMAINS,
+        "domains": dict(domains),
     }
     path.write_text(json.dumps(tree))
     return path
@@ -293,10 +299,14 @@ def metric(port: int, name: str, **labels: str) -> float:
 # -- the expected outcome, computed in-process -------------------------------------------------
 
 
-def reference(updates: Iterable[Mapping], placed: Iterable[tuple[int, int]]) -> dict[ArmKey, Policy]:
+def reference(
+    updates: Iterable[Mapping], placed: Iterable[tuple[int, int]], *, block: int | None = None, domains: Mapping[str, dict] = DOMAINS
+) -> dict[ArmKey, Policy]:
     """The posterior the learner should reach: every live update, once, folded per model in
-    its partition's offset order (one ``update_batch`` over all of a domain's rows)."""
-    settings = domain_settings()
+    its partition's offset order: one ``update_batch`` over all of a domain's rows, or with
+    ``block``, one per domain and block of each partition (offsets ``k*block`` to
+    ``(k+1)*block``), as the learner folds them."""
+    settings = domain_settings(domains)
     rows: dict[str, list[tuple[tuple[int, int], Mapping]]] = {}
     seen: set[str] = set()
     for update, where in sorted(zip(updates, placed), key=lambda item: item[1]):
@@ -309,21 +319,26 @@ def reference(updates: Iterable[Mapping], placed: Iterable[tuple[int, int]]) -> 
     models: dict[ArmKey, Policy] = {}
     for domain, items in rows.items():
         policy = settings[domain].make_policy()
-        us = [u for _, u in items]
-        policy.update_batch(
-            np.array([u["features"] for u in us]), [model_key(u).arm for u in us],
-            [u["reward"] for u in us], [u["weight"] for u in us],
-        )  # fmt: skip
-        for u in us:
-            models[model_key(u)] = policy
+        cuts: dict[tuple[int, int], list[Mapping]] = {}
+        for (partition, offset), u in items:
+            cuts.setdefault((partition, offset // block) if block else (0, 0), []).append(u)
+        for us in cuts.values():  # in offset order per partition; partitions hold disjoint models
+            policy.update_batch(
+                np.array([u["features"] for u in us]), [model_key(u).arm for u in us],
+                [u["reward"] for u in us], [u["weight"] for u in us],
+            )  # fmt: skip
+            for u in us:
+                models[model_key(u)] = policy
     return models
 
 
-def assert_matches_reference(published: Mapping[ArmKey, Mapping], expected: Mapping[ArmKey, Policy], rtol: float = 1e-9) -> None:
+def assert_matches_reference(
+    published: Mapping[ArmKey, Mapping], expected: Mapping[ArmKey, Policy], rtol: float = 1e-9, domains: Mapping[str, dict] = DOMAINS
+) -> None:
     """Every expected model is published with its exact update count and statistics within
     ``rtol``; nothing else is published."""
     assert set(published) == set(expected)
-    settings = domain_settings()
+    settings = domain_settings(domains)
     for key, record in published.items():
         policy = expected[key]
         assert record["update_count"] == policy.update_count(key.arm), key

@@ -132,14 +132,24 @@ class DriftDetection:
         return int(self._arrays["detect_alarms"][slot]) if self.detect else 0
 
     def _detect(
-        self, slots: np.ndarray, starts: np.ndarray, counts: np.ndarray, X: np.ndarray, r: np.ndarray, w: np.ndarray
+        self,
+        slots: np.ndarray,
+        starts: np.ndarray,
+        counts: np.ndarray,
+        X: np.ndarray,
+        r: np.ndarray,
+        w: np.ndarray,
+        theta: np.ndarray | None = None,
     ) -> np.ndarray | None:
         if not self.detect:
             return None
         arrays = self._arrays
         state = tuple(arrays[n] for n in ("detect_stats", "detect_ph", "detect_rows", "detect_alarms"))
         watched = arrays["detect_rows"][slots] >= self.dim
-        theta = self._means_of(slots[watched]) if watched.any() else np.zeros((0, self.dim))
+        if theta is not None:  # every arm's, solved once for robust learning too: the same bits per arm
+            theta = theta[watched]
+        else:
+            theta = self._means_of(slots[watched]) if watched.any() else np.zeros((0, self.dim))
         keep, threshold = np.ones(len(slots)), self.detect_threshold
         if _fastscore is not None:
             _fastscore.detect(

@@ -341,14 +341,49 @@ class Policy:
         serialised in both views, all or none (absent: the arms' clocks start at :data:`NEVER`)."""
         return {"clock": ((), np.dtype(np.int64))} if self.half_life_s is not None else {}
 
+    def _robust_specs(self) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+        """Per-arm state of robust learning (``learner/policies/_robust.py``): serialised in
+        both views, all or none (absent: the arms' scales start over, at zeros)."""
+        return {}
+
+    def _restart_scales(self, slots: np.ndarray) -> None:
+        """These arms went back to their prior: robust learning's scales start over."""
+
+    def _batch_means(self, slots: np.ndarray) -> np.ndarray | None:
+        """The arms' posterior means as a batch finds them, when more than the detector needs
+        them (one stacked solve shared by both); None otherwise."""
+        return None
+
     def _detect(
-        self, slots: np.ndarray, starts: np.ndarray, counts: np.ndarray, X: np.ndarray, r: np.ndarray, w: np.ndarray
+        self,
+        slots: np.ndarray,
+        starts: np.ndarray,
+        counts: np.ndarray,
+        X: np.ndarray,
+        r: np.ndarray,
+        w: np.ndarray,
+        theta: np.ndarray | None = None,
     ) -> np.ndarray | None:
         """Run the change detector over a batch before it is learned (rows sorted by arm as in
-        :meth:`_accumulate`, ``w`` the raw weights); the factor ``keep`` in [0, 1] each arm's
-        statistics are discounted by toward their prior, ``S <- S0 + keep * (S - S0)``, before
-        the batch is added (1: not flagged), or None when no arm is flagged."""
+        :meth:`_accumulate`, ``w`` the raw weights, ``theta`` every arm's :meth:`_batch_means`
+        or None); the factor ``keep`` in [0, 1] each arm's statistics are discounted by toward
+        their prior, ``S <- S0 + keep * (S - S0)``, before the batch is added (1: not
+        flagged), or None when no arm is flagged."""
         return None
+
+    def _robust(
+        self,
+        slots: np.ndarray,
+        starts: np.ndarray,
+        counts: np.ndarray,
+        X: np.ndarray,
+        r: np.ndarray,
+        w: np.ndarray,
+        keep: np.ndarray | None,
+        theta: np.ndarray | None,
+    ) -> np.ndarray:
+        """The rows' weights for learning after robust reweighting (``_robust.py``); ``w`` as it is here."""
+        return w
 
     def _reset_cache(self, slots: np.ndarray) -> None:
         """New arms are at their prior: set their derived arrays accordingly."""
@@ -495,6 +530,8 @@ class Policy:
             self._arrays[name][slots] = 0
         for name in self._clock_specs():
             self._arrays[name][slots] = NEVER
+        for name in self._robust_specs():
+            self._arrays[name][slots] = 0
         self._arms.append(arm)
         self._slot[arm] = slot  # published last: readers without the lock see a complete arm
         return slot
@@ -509,6 +546,7 @@ class Policy:
         specs.update(self._cache_specs())
         specs.update(self._detector_specs())
         specs.update(self._clock_specs())
+        specs.update(self._robust_specs())
         n = len(self._arms)
         arrays = {}
         for name, (shape, dtype) in specs.items():
@@ -584,7 +622,9 @@ class Policy:
             else:
                 rank_from_end = None
 
-        keep = self._detect(slots, starts, counts, X, r, w)  # on the model as the batch finds it
+        theta = self._batch_means(slots)
+        keep = self._detect(slots, starts, counts, X, r, w, theta)  # on the model as the batch finds it
+        w = self._robust(slots, starts, counts, X, r, w, keep, theta)
         decay = None
         if rank_from_end is not None:
             w = w * self.gamma ** rank_from_end
@@ -775,7 +815,7 @@ class Policy:
             stacked = {
                 name: np.stack([np.asarray(arms[a][name], dtype=np.float64) for a in ids]) for name in cls._scoring_names
             }
-            for name, (_, dtype) in {**policy._detector_specs(), **policy._clock_specs()}.items():
+            for name, (_, dtype) in {**policy._detector_specs(), **policy._clock_specs(), **policy._robust_specs()}.items():
                 if all(name in arms[a] for a in ids):
                     stacked[name] = np.stack([np.asarray(arms[a][name], dtype=dtype) for a in ids])
             count = np.array([int(np.asarray(arms[a].get("count", 0))) for a in ids], dtype=np.int64)
@@ -837,8 +877,8 @@ class Policy:
         return arrays
 
     def _side_arrays(self, slots: np.ndarray) -> dict[str, np.ndarray]:
-        """The arrays both views carry beside the statistics: a detector's and the clock."""
-        return {name: self._arrays[name][slots] for name in (*self._detector_specs(), *self._clock_specs())}
+        """The arrays both views carry beside the statistics: a detector's, the clock and robust learning's scale."""
+        return {name: self._arrays[name][slots] for name in (*self._detector_specs(), *self._clock_specs(), *self._robust_specs())}
 
     def _load_view(self, slots: np.ndarray, arrays: Mapping[str, np.ndarray], view: str, count: np.ndarray | None) -> None:
         """Check shapes and values of stacked arrays for ``slots`` against ``view`` and load them."""
@@ -852,8 +892,10 @@ class Policy:
         detected = set(arrays) & set(detector)  # none: a blob from before the detector, which starts fresh
         clock = {name: shape for name, (shape, _) in self._clock_specs().items()}
         clocked = set(arrays) & set(clock)  # none: a blob written before the policy forgot by time
-        groups = ((optional, carried), (detector, detected), (clock, clocked))
-        if set(arrays) - carried - detected - clocked != set(shapes) or any(
+        robust = {name: shape for name, (shape, _) in self._robust_specs().items()}
+        scaled = set(arrays) & set(robust)  # none: a blob written before robust learning, whose scales start over
+        groups = ((optional, carried), (detector, detected), (clock, clocked), (robust, scaled))
+        if set(arrays) - carried - detected - clocked - scaled != set(shapes) or any(
             held not in (set(), set(group)) for group, held in groups
         ):
             also = "".join(f" (and all or none of {sorted(group)})" for group, _ in groups if group)
@@ -869,9 +911,12 @@ class Policy:
                 raise StateFormatError(f"array {name!r} holds NaN or inf")
         if (np.asarray(arrays["count"]) < 0).any():
             raise StateFormatError("negative update count")
-        for name in detected:  # a detector's integer arrays count rows and alarms
-            if self._detector_specs()[name][1].kind == "i" and (np.asarray(arrays[name]) < 0).any():
+        counted = {**self._detector_specs(), **self._robust_specs()}  # their integer arrays count rows and alarms
+        for name in (*detected, *scaled):
+            if counted[name][1].kind == "i" and (np.asarray(arrays[name]) < 0).any():
                 raise StateFormatError(f"array {name!r} holds a negative count")
+        if "robust_scale" in scaled and (np.asarray(arrays["robust_scale"]) < 0).any():
+            raise StateFormatError("array 'robust_scale' holds a negative scale")
         self._settle()  # into the statistics being replaced: kept if the blob is refused
         previous = {"count": self._arrays["count"][slots]}
         self._arrays["count"][slots] = arrays["count"]
@@ -881,6 +926,9 @@ class Policy:
         for name in clock:
             previous[name] = self._arrays[name][slots]
             self._arrays[name][slots] = arrays[name] if clocked else NEVER
+        for name in robust:
+            previous[name] = self._arrays[name][slots]
+            self._arrays[name][slots] = arrays[name] if scaled else 0
         if view == "full":
             previous.update((name, self._arrays[name][slots]) for name in self._stat_names)
             cache = self._cache_of(slots)

@@ -9,6 +9,7 @@ import numpy as np
 
 from learner.policies._detect import DriftDetection
 from learner.policies._linear import LinearPolicy
+from learner.policies._robust import RobustLearning
 from learner.policies.base import Block
 
 
@@ -18,7 +19,7 @@ ALPHA = 0.3
 ALPHA_GROWTH = 2.0
 
 
-class LinIGW(DriftDetection, LinearPolicy):
+class LinIGW(RobustLearning, DriftDetection, LinearPolicy):
     """Inverse-gap weighting over optimistic per-arm ridge regressions (SquareCB, RegCB-style).
 
     For candidate k with row ``x_k`` and arm ``a``, the score is the model's prediction plus
@@ -58,7 +59,8 @@ class LinIGW(DriftDetection, LinearPolicy):
     ``gamma_exponent`` (>= 0, default 0.5), the defaults chosen by ``benchmarks/regret.py``
     (Vowpal Wabbit's ``--squarecb`` uses 10 and 0.5 with ``alpha = 0``);
     ``eps0`` (default 0.01, above); ``detect``, ``detect_threshold``, ``detect_keep`` (change detection on each
-    arm's residuals, on by default: :class:`~learner.policies._detect.DriftDetection`);
+    arm's residuals, on by default: :class:`~learner.policies._detect.DriftDetection`); ``huber_q``
+    (robust learning, default 0.98: :class:`~learner.policies._robust.RobustLearning`);
     ``refactor_every``, ``intercept_index`` (see :class:`~learner.policies._linear.LinearPolicy`); ``dim``,
     ``eps0``, ``gamma``, ``prior_mean``, ``prior_strength``, ``arm_priors``, ``seed`` (see
     :class:`~learner.policies.base.Policy`).

@@ -8,10 +8,11 @@ import numpy as np
 
 from learner.policies._detect import DriftDetection
 from learner.policies._linear import LinearPolicy, ThompsonParams
+from learner.policies._robust import RobustLearning
 from learner.policies.base import Block, gaussian_argmax_frequencies
 
 
-class LinTS(ThompsonParams, DriftDetection, LinearPolicy):
+class LinTS(ThompsonParams, RobustLearning, DriftDetection, LinearPolicy):
     """Linear Thompson sampling: each arm its own Gaussian posterior, play the best sampled score.
 
     Arm ``a``'s posterior is ``N(theta_a, v^2 A_a^-1)``, a draw ``theta_a + v L_a z``. Arms are
@@ -34,7 +35,8 @@ class LinTS(ThompsonParams, DriftDetection, LinearPolicy):
 
     Parameters: ``v`` (>= 0) posterior scale; ``n_draws`` (>= 1, default 64) draws per decision;
     ``detect``, ``detect_threshold``, ``detect_keep`` (change detection on each arm's residuals,
-    on by default: :class:`~learner.policies._detect.DriftDetection`);
+    on by default: :class:`~learner.policies._detect.DriftDetection`); ``huber_q`` (robust
+    learning, default 0.98: :class:`~learner.policies._robust.RobustLearning`);
     ``refactor_every``, ``intercept_index`` (:class:`~learner.policies._linear.LinearPolicy`);
     ``dim``, ``eps0``, ``gamma``, ``prior_mean``, ``prior_strength``, ``arm_priors``, ``seed``
     (:class:`~learner.policies.base.Policy`).

@@ -8,10 +8,11 @@ import numpy as np
 
 from learner.policies._detect import DriftDetection
 from learner.policies._linear import LinearPolicy
+from learner.policies._robust import RobustLearning
 from learner.policies.base import Block, greedy_distribution
 
 
-class LinUCB(DriftDetection, LinearPolicy):
+class LinUCB(RobustLearning, DriftDetection, LinearPolicy):
     """Disjoint LinUCB: each arm its own ridge regression, play the highest upper bound.
 
     For candidate k with row ``x_k`` and arm ``a``, with ``theta_a = A_a^-1 b_a`` and
@@ -24,7 +25,8 @@ class LinUCB(DriftDetection, LinearPolicy):
 
     Parameters: ``alpha`` (> = 0) width of the confidence bound; ``detect``,
     ``detect_threshold``, ``detect_keep`` (change detection on each arm's residuals, on by
-    default: :class:`~learner.policies._detect.DriftDetection`); ``refactor_every``,
+    default: :class:`~learner.policies._detect.DriftDetection`); ``huber_q`` (robust learning,
+    default 0.98: :class:`~learner.policies._robust.RobustLearning`); ``refactor_every``,
     ``intercept_index`` (see :class:`~learner.policies._linear.LinearPolicy`); ``dim``, ``eps0``,
     ``gamma``, ``prior_mean``, ``prior_strength`` (the ridge penalty), ``arm_priors``, ``seed``
     (see :class:`~learner.policies.base.Policy`).

@@ -545,7 +545,9 @@ class Portfolio(Policy):
                 flagged = [arm for arm, alarms in now.items() if alarms > before[source].get(arm, 0)]
                 flagged = self._confirmed(member, flagged, rows[i], arms, rewards, weights)
                 if flagged:
-                    member._forget(np.array([member._slot_of(arm) for arm in flagged], dtype=np.intp), np.zeros(len(flagged)))
+                    slots = np.array([member._slot_of(arm) for arm in flagged], dtype=np.intp)
+                    member._forget(slots, np.zeros(len(flagged)))
+                    member._restart_scales(slots)  # its residuals' scales were the discarded model's
             if self._leader[i] == i:
                 member.update_batch(rows[i], arms, rewards, weights, times)
             else:
@@ -1062,7 +1064,7 @@ def _take_learning(source: Policy, target: Policy, arms: Sequence[str]) -> None:
     src = np.array([source._existing_slot(a) for a in arms], dtype=np.intp)
     dst = np.array([target._slot_of(a) for a in arms], dtype=np.intp)
     counts = source._arrays["count"][src] - target._arrays["count"][dst]
-    for name in (*source._stat_names, "count", *source._detector_specs(), *source._clock_specs()):
+    for name in (*source._stat_names, "count", *source._detector_specs(), *source._clock_specs(), *source._robust_specs()):
         target._arrays[name][dst] = source._arrays[name][src]
     target._invalidate(dst, counts)
 

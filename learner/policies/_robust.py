@@ -1,0 +1,156 @@
+"""Robust learning: rows whose residual is an outlier for their arm weigh less (Huber).
+
+A ridge regression fitted to rewards with heavy-tailed noise follows its outliers: one reward
+of 40 where the arm's rewards spread over +-2 moves its estimate as far as twenty ordinary
+rows, and early on (a few dozen rows per arm) it can rank the arms wrongly for thousands of
+rows. Latencies, costs and token counts are such rewards. Each per-arm linear model therefore
+learns a row with weight::
+
+    w' = w * min(1, s / |e|),    e = r - x . theta
+
+where ``theta`` is the arm's posterior mean as the batch finds it (the change detector's, one
+stacked solve per batch) and ``s`` the arm's running ``huber_q`` quantile (default 0.98) of the
+absolute residuals on the row's side of the model: of those above it for a row above, of those
+below for a row below. That is one step of iteratively reweighted least squares for Huber's
+loss with its threshold at ``s``: past it a row pulls the model by ``s``, not by its residual.
+About one row in fifty on each side is weighed down.
+
+**A reward of two values is never weighed.** A click one row in a hundred lies 0.99 above a
+model predicting 0.01: past any quantile of the residuals, and it is the signal, not noise.
+Weighed, rare successes were learned as up to 3.4 times rarer than they were. So an arm whose
+rewards have taken at most two values (0/1, success/failure) learns every row as it came; its
+first third value makes it continuous for good. The two sides are for continuous rewards that
+are skewed: with one scale for both, breast_cancer lost 5 % and digits 3 %
+(``benchmarks/regret.py``, B = 200, seeds 0-2; before the two-value rule, which now leaves
+those 0/1 environments as they were).
+
+Each side's quantile is tracked per arm by stochastic approximation on the log scale, over the
+batch's learned rows (weight > 0) on that side, with ``s`` frozen over the batch like ``theta``::
+
+    log s <- log s + clip(ETA * (k - m (1 - q)), -MAX_STEP, MAX_STEP)
+
+for ``m`` rows of which ``k`` had ``|e| > s``: at the quantile, ``k`` is ``m (1 - q)`` on average
+and ``s`` stays. A side's first rows set ``s`` to their quantile (of one row: its residual), and
+rows are weighed from the arm's :data:`WARM`-th on. An arm the change detector flags starts its
+scales over (its residuals were of the discarded model); so does an arm a portfolio member
+takes an alarm for (``alarms_from``), and one loaded from a state written without them.
+
+The scales are per-arm state (``robust_scale``: below, above; ``robust_rows``; ``robust_range``
+and ``robust_kind`` for the two-value rule), serialised in both views like the detector's, so
+a restarted learner continues bit for bit. They make learning depend on how rows are cut into
+batches, as the detector does: the learner folds blocks aligned to offsets
+(:mod:`streams._learn_shard`), which cut the same way after any restart. A batch equals its rows learned one by one only with ``huber_q = 0`` (off).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+#: Rows an arm learns unweighted while its scale settles.
+WARM = 10
+#: Step of the quantile's stochastic approximation, on the log scale, per row.
+ETA = 0.1
+#: The most the log scale moves in one batch.
+MAX_STEP = 1.0
+
+
+class RobustLearning:
+    """Huber weights for per-arm linear models (see the module docstring); a mixin before the
+    change detector.
+
+    - ``huber_q``: the quantile of an arm's absolute residuals (on the row's side of its
+      model) past which a row weighs less, in (0.5, 1), or 0 to learn every row at its weight
+      (default 0.98).
+    """
+
+    def __init__(self, dim: int, *, huber_q: float = 0.98, **kwargs: Any) -> None:
+        if isinstance(huber_q, bool) or not (huber_q == 0 or 0.5 < huber_q < 1):
+            raise ValueError(f"huber_q must be 0 (off) or in (0.5, 1), got {huber_q!r}")
+        self.huber_q = float(huber_q)
+        super().__init__(dim, **kwargs)
+
+    def _robust_specs(self) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+        if not self.huber_q:
+            return {}
+        f8, i8 = np.dtype(np.float64), np.dtype(np.int64)
+        return {"robust_scale": ((2,), f8), "robust_rows": ((), i8), "robust_range": ((2,), f8), "robust_kind": ((), i8)}
+
+    def _batch_means(self, slots: np.ndarray) -> np.ndarray | None:
+        return self._means_of(slots) if self.huber_q else None  # type: ignore[attr-defined]
+
+    def _restart_scales(self, slots: np.ndarray) -> None:
+        """These arms went back to their prior: their residuals' scales start over (what
+        their rewards look like, the two-value rule's record, stays)."""
+        if self.huber_q:
+            self._arrays["robust_scale"][slots] = 0.0  # type: ignore[attr-defined]
+            self._arrays["robust_rows"][slots] = 0  # type: ignore[attr-defined]
+
+    def _robust(
+        self,
+        slots: np.ndarray,
+        starts: np.ndarray,
+        counts: np.ndarray,
+        X: np.ndarray,
+        r: np.ndarray,
+        w: np.ndarray,
+        keep: np.ndarray | None,
+        theta: np.ndarray | None,
+    ) -> np.ndarray:
+        if not self.huber_q or theta is None:
+            return w
+        from learner.policies._detect import _row_dots
+
+        scale_of, rows_of = self._arrays["robust_scale"], self._arrays["robust_rows"]  # type: ignore[attr-defined]
+        signed = r - _row_dots(X, np.repeat(theta, counts, axis=0))
+        e = np.abs(signed)
+        side = (signed > 0.0).astype(np.intp)  # 1: above the model, 0: below (or on) it
+        scales = scale_of[slots]  # (arms, 2): below, above
+        scale = np.repeat(scales, counts, axis=0)[np.arange(len(e)), side]
+        flagged = np.zeros(len(slots), dtype=bool) if keep is None else keep < 1.0
+        learned = w > 0
+        continuous = self._continuous(slots, starts, counts, r, learned)
+        ready = np.repeat((rows_of[slots] >= WARM) & continuous & ~flagged, counts)
+        weighed = ready & learned & (scale > 0.0) & (e > scale)  # a side's scale of 0 is not set yet
+        out = w * np.where(weighed, scale / np.where(weighed, e, 1.0), 1.0) if weighed.any() else w
+        # each side's scale: a step toward its quantile (the side's first rows set it)
+        for j in (0, 1):
+            on = learned & (side == j)
+            m = np.add.reduceat(on.astype(np.int64), starts)
+            k = np.add.reduceat((on & (e > scale)).astype(np.int64), starts)
+            new = scales[:, j] * np.exp(np.clip(ETA * (k - m * (1.0 - self.huber_q)), -MAX_STEP, MAX_STEP))
+            for i in np.flatnonzero((scales[:, j] == 0.0) & (m > 0)).tolist():
+                lo, hi = starts[i], starts[i] + counts[i]
+                new[i] = float(np.quantile(e[lo:hi][on[lo:hi]], self.huber_q))
+            scales[:, j] = new
+        scale_of[slots] = scales
+        rows_of[slots] += np.add.reduceat(learned.astype(np.int64), starts)
+        self._restart_scales(slots[flagged])
+        return out
+
+    def _continuous(self, slots: np.ndarray, starts: np.ndarray, counts: np.ndarray, r: np.ndarray, learned: np.ndarray) -> np.ndarray:
+        """Per arm, whether its rewards so far, this batch's learned rows included, took more
+        than two values. The state keeps the least and the greatest, and the kind: 0 none yet,
+        1 every reward one of those two, 2 another came."""
+        span, kind_of = self._arrays["robust_range"], self._arrays["robust_kind"]  # type: ignore[attr-defined]
+        kind = kind_of[slots]
+        settling = (kind < 2) & (np.add.reduceat(learned.astype(np.int64), starts) > 0)
+        if settling.any():
+            bmin = np.minimum.reduceat(np.where(learned, r, np.inf), starts)
+            bmax = np.maximum.reduceat(np.where(learned, r, -np.inf), starts)
+            inside = learned & (r > np.repeat(bmin, counts)) & (r < np.repeat(bmax, counts))
+            seen = kind == 1
+            lo = np.where(seen, np.minimum(span[slots, 0], bmin), bmin)
+            hi = np.where(seen, np.maximum(span[slots, 1], bmax), bmax)
+            # two values so far: none of the batch's strictly inside its own extremes, and every
+            # extreme (the batch's, and the ones before) one of the new least and greatest
+            ends = [bmin, bmax, np.where(seen, span[slots, 0], lo), np.where(seen, span[slots, 1], hi)]
+            two = np.add.reduceat(inside.astype(np.int64), starts) == 0
+            for value in ends:
+                two &= (value == lo) | (value == hi)
+            now = slots[settling]
+            span[now, 0], span[now, 1] = lo[settling], hi[settling]
+            kind_of[now] = np.where(two, 1, 2)[settling]
+            kind = kind_of[slots]
+        return kind == 2
