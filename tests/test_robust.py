@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from learner.domain import DomainSettings
 from learner.policies import make_policy
 from learner.policies._robust import WARM
 
@@ -163,3 +164,16 @@ def test_a_state_written_without_robust_learning_loads_with_its_scale_starting_o
 def test_a_bad_huber_q_is_refused_naming_the_parameter(value):
     with pytest.raises(ValueError, match="huber_q"):
         make_policy("lin_igw", dim=DIM, huber_q=value)
+
+
+def test_a_domain_turns_robust_learning_off_for_every_linear_member_in_one_setting():
+    """``params = { huber_q = 0 }`` on a default domain reaches each of its members; in a
+    portfolio it goes only to the members that learn robustly, and a member's own value wins."""
+    members = [m.huber_q for m in DomainSettings.model_validate({"params": {"huber_q": 0}}).make_policy().members]
+    assert members == [0.0, 0.0, 0.0]
+    assert [m.huber_q for m in DomainSettings().make_policy().members] == [0.98, 0.98, 0.98]
+    mixed = make_policy("portfolio", dim=DIM, huber_q=0, members=[{"policy": "lin_igw"}, {"policy": "ucb1"}, {"policy": "lin_ucb", "huber_q": 0.9}])
+    assert [getattr(m, "huber_q", None) for m in mixed.members] == [0.0, None, 0.9]
+    assert mixed.get_params()["huber_q"] == 0
+    with pytest.raises(ValueError, match=r"members\[0\] \(lin_igw\): huber_q must be 0 \(off\) or in \(0.5, 1\), got 2"):
+        DomainSettings.model_validate({"params": {"huber_q": 2}})

@@ -154,7 +154,7 @@ import numpy as np
 
 from learner.policies._detect import _row_dots, _sequential_sum
 from learner.policies._fourier import FourierFeatures
-from learner.policies.base import Choice, Drift, Policy, Prior, _decode, _encode, _encode_arms, canonical_arm, draw_index, valid_dim
+from learner.policies.base import Choice, Drift, Policy, Prior, _decode, _encode, _encode_arms, _param_names, canonical_arm, draw_index, valid_dim
 from learner.policies.errors import ScoringOnlyError, StateFormatError
 
 __all__ = ["DEFAULT_LEVEL", "DEFAULT_MEMBERS", "MAX_SWITCHES", "Portfolio", "describe_state"]
@@ -240,7 +240,10 @@ _EXPLORING = (("alpha", 1), ("v", 1), ("eps0", 1), ("gamma_scale", -1), ("gamma_
 #: (first, later) member labels already warned of in this process (:meth:`Portfolio._warn_of_order`).
 _WARNED_ORDER: set[tuple[str, str]] = set()
 #: Settings a portfolio may give every member (a member's own value wins).
-COMMON = ("eps0", "gamma", "half_life_s", "prior_mean", "prior_strength", "arm_priors")
+COMMON = ("eps0", "gamma", "half_life_s", "prior_mean", "prior_strength", "arm_priors", "huber_q")
+#: ... of which these go only to the members whose policy has them (robust learning is the
+#: per-arm linear policies').
+_WHERE_IT_APPLIES = frozenset({"huber_q"})
 #: Parameters that shape only how a per-arm linear member decides, never what it learns.
 _DECIDING = frozenset({"alpha", "v", "n_draws", "gamma_scale", "gamma_exponent", "eps0", "seed"})
 #: Member keys the portfolio reads itself: the member learns on random Fourier features of the row.
@@ -372,7 +375,8 @@ class Portfolio(Policy):
                 raise ValueError(f"members[{i}].policy: unknown policy {spec['policy']!r}; known: {', '.join(sorted(POLICIES))}")
             if cls.shared or cls is Portfolio:
                 raise ValueError(f"members[{i}].policy: {spec['policy']!r} cannot be a member; members are per-arm policies")
-            params = {**self.common, **{k: v for k, v in spec.items() if k not in ("policy", "label", *_READ_BY_PORTFOLIO)}}
+            common = {k: v for k, v in self.common.items() if k not in _WHERE_IT_APPLIES or k in _param_names(cls)}
+            params = {**common, **{k: v for k, v in spec.items() if k not in ("policy", "label", *_READ_BY_PORTFOLIO)}}
             try:
                 features = FourierFeatures(self.dim, spec["fourier"], spec.get("fourier_scale", 1.0)) if "fourier" in spec else None
                 dim = self.dim if features is None else features.out_dim
