@@ -122,8 +122,8 @@ def test_learned_posterior_equals_the_in_process_fold_of_the_same_updates(kafka,
 @pytest.mark.integration
 def test_kill_9_at_three_random_points_reproduces_the_uninterrupted_posterior_bit_for_bit(kafka, topics, tmp_path):
     """...and loses no dead letter: one record in 50 is bad, so kills land next to them. The
-    per-arm domains learn robustly (their default), which weighs a row by its model as its
-    block finds it: the block boundaries, fixed by offsets, are what make the runs agree."""
+    per-arm domains learn robustly (``h.ROBUST_DOMAINS``), which weighs a row by its model as
+    its block finds it: the block boundaries, fixed by offsets, are what make the runs agree."""
     ensure_topics(kafka, topics)
     updates = h.make_updates(100_000, seed=2)
     items = h.encode_updates(updates)

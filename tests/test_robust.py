@@ -14,6 +14,7 @@ from learner.policies import make_policy
 from learner.policies._robust import WARM
 
 ROBUST = ["lin_igw", "lin_ts", "lin_ucb"]
+Q = 0.98  # the setting measured; robust learning is off by default
 DIM = 4
 TRUTH = np.array([0.5, 1.0, -0.5, 0.25])
 
@@ -51,7 +52,7 @@ def rows(policy) -> int:
 
 @pytest.mark.parametrize("name", ROBUST)
 def test_an_outlier_row_weighs_the_scale_over_its_residual(name):
-    policy = learn(make_policy(name, dim=DIM, seed=0), *stream(200, seed=1, noise="normal"))
+    policy = learn(make_policy(name, dim=DIM, seed=0, huber_q=Q), *stream(200, seed=1, noise="normal"))
     s = scale(policy)
     theta = policy.posterior_mean("a")
     before = policy.arm_statistics("a")
@@ -80,7 +81,7 @@ def test_heavy_tailed_noise_moves_the_estimate_far_less_and_gaussian_noise_about
     for seed in range(16):
         for noise, ratios in (("t2", heavy), ("normal", gaussian)):
             X, r = stream(2000, seed, noise)
-            robust = np.mean(errors(make_policy("lin_ucb", dim=DIM, seed=0), X, r))
+            robust = np.mean(errors(make_policy("lin_ucb", dim=DIM, seed=0, huber_q=Q), X, r))
             plain = np.mean(errors(make_policy("lin_ucb", dim=DIM, seed=0, huber_q=0), X, r))
             ratios.append(robust / plain)
     assert np.median(heavy) < 0.9 and sum(x < 1.0 for x in heavy) >= 13, heavy
@@ -95,7 +96,7 @@ def test_a_reward_of_two_values_is_learned_as_it_came():
         rng = np.random.default_rng(seed)
         X = np.column_stack([np.ones(3000), rng.normal(size=(3000, DIM - 1))])
         r = (rng.random(3000) < 1.0 / (1.0 + np.exp(4.7 - 0.5 * X[:, 1]))).astype(float)
-        robust = learn(make_policy("lin_ucb", dim=DIM, seed=0), X, r)
+        robust = learn(make_policy("lin_ucb", dim=DIM, seed=0, huber_q=Q), X, r)
         plain = learn(make_policy("lin_ucb", dim=DIM, seed=0, huber_q=0), X, r)
         assert 0.005 < r.mean() < 0.02
         for stat, value in plain.arm_statistics("a").items():
@@ -107,7 +108,7 @@ def test_a_reward_of_two_values_is_learned_as_it_came():
 
 def test_the_scale_tracks_its_quantile_of_the_absolute_residuals():
     X, r = stream(20000, seed=3, noise="normal")
-    policy = learn(make_policy("lin_ucb", dim=DIM, seed=0), X, r, batch=20)
+    policy = learn(make_policy("lin_ucb", dim=DIM, seed=0, huber_q=Q), X, r, batch=20)
     # on either side, |N(0, 1)|'s 0.98 quantile, 2.326; the estimate jitters by a few per cent
     for side in (0, 1):
         assert 2.326 * 0.85 < scale(policy, side) < 2.326 * 1.15
@@ -116,7 +117,7 @@ def test_the_scale_tracks_its_quantile_of_the_absolute_residuals():
 
 def test_an_arm_learns_its_first_rows_unweighted():
     X, r = stream(WARM, seed=4, noise="t2")
-    robust = learn(make_policy("lin_ucb", dim=DIM, seed=0), X, r, batch=1)
+    robust = learn(make_policy("lin_ucb", dim=DIM, seed=0, huber_q=Q), X, r, batch=1)
     plain = learn(make_policy("lin_ucb", dim=DIM, seed=0, huber_q=0), X, r, batch=1)
     for stat, value in plain.arm_statistics("a").items():
         assert robust.arm_statistics("a")[stat].tobytes() == value.tobytes()
@@ -125,7 +126,7 @@ def test_an_arm_learns_its_first_rows_unweighted():
 def test_an_arm_the_detector_flags_starts_its_scale_over():
     X, r = stream(4000, seed=5, noise="normal")
     r[2000:] += 8.0  # a change of eight noise sds
-    policy = make_policy("lin_ucb", dim=DIM, seed=0)
+    policy = make_policy("lin_ucb", dim=DIM, seed=0, huber_q=Q)
     for lo in range(0, len(r), 20):
         alarms = policy.drift("a").alarms if lo else 0
         policy.update_batch(X[lo : lo + 20], ["a"] * 20, r[lo : lo + 20])
@@ -140,9 +141,9 @@ def test_an_arm_the_detector_flags_starts_its_scale_over():
 @pytest.mark.parametrize("name", ROBUST)
 def test_the_scale_travels_with_the_arm_state_bit_for_bit(name):
     X, r = stream(3000, seed=6, noise="t2")
-    whole = learn(make_policy(name, dim=DIM, seed=0), X, r)
-    first = learn(make_policy(name, dim=DIM, seed=0), X[:1500], r[:1500])
-    resumed = make_policy(name, dim=DIM, seed=0)
+    whole = learn(make_policy(name, dim=DIM, seed=0, huber_q=Q), X, r)
+    first = learn(make_policy(name, dim=DIM, seed=0, huber_q=Q), X[:1500], r[:1500])
+    resumed = make_policy(name, dim=DIM, seed=0, huber_q=Q)
     resumed.load_arm_state("a", first.arm_state_bytes("a"))
     learn(resumed, X[1500:], r[1500:])
     assert resumed.arm_state_bytes("a") == whole.arm_state_bytes("a")
@@ -151,7 +152,7 @@ def test_the_scale_travels_with_the_arm_state_bit_for_bit(name):
 def test_a_state_written_without_robust_learning_loads_with_its_scale_starting_over():
     X, r = stream(500, seed=7, noise="normal")
     old = learn(make_policy("lin_ucb", dim=DIM, seed=0, huber_q=0), X, r)
-    new = make_policy("lin_ucb", dim=DIM, seed=0)
+    new = make_policy("lin_ucb", dim=DIM, seed=0, huber_q=Q)
     new.load_arm_state("a", old.arm_state_bytes("a"))
     assert scale(new, 0) == scale(new, 1) == 0.0
     for stat, value in old.arm_statistics("a").items():
@@ -166,14 +167,15 @@ def test_a_bad_huber_q_is_refused_naming_the_parameter(value):
         make_policy("lin_igw", dim=DIM, huber_q=value)
 
 
-def test_a_domain_turns_robust_learning_off_for_every_linear_member_in_one_setting():
-    """``params = { huber_q = 0 }`` on a default domain reaches each of its members; in a
-    portfolio it goes only to the members that learn robustly, and a member's own value wins."""
-    members = [m.huber_q for m in DomainSettings.model_validate({"params": {"huber_q": 0}}).make_policy().members]
-    assert members == [0.0, 0.0, 0.0]
-    assert [m.huber_q for m in DomainSettings().make_policy().members] == [0.98, 0.98, 0.98]
-    mixed = make_policy("portfolio", dim=DIM, huber_q=0, members=[{"policy": "lin_igw"}, {"policy": "ucb1"}, {"policy": "lin_ucb", "huber_q": 0.9}])
-    assert [getattr(m, "huber_q", None) for m in mixed.members] == [0.0, None, 0.9]
-    assert mixed.get_params()["huber_q"] == 0
+def test_a_domain_turns_robust_learning_on_for_every_linear_member_in_one_setting():
+    """``params = { huber_q = 0.98 }`` on a default domain reaches each of its members (off by
+    default); in a portfolio it goes only to the members that learn robustly, and a member's own
+    value wins."""
+    members = [m.huber_q for m in DomainSettings.model_validate({"params": {"huber_q": Q}}).make_policy().members]
+    assert members == [Q, Q, Q]
+    assert [m.huber_q for m in DomainSettings().make_policy().members] == [0.0, 0.0, 0.0]
+    mixed = make_policy("portfolio", dim=DIM, huber_q=Q, members=[{"policy": "lin_igw"}, {"policy": "ucb1"}, {"policy": "lin_ucb", "huber_q": 0}])
+    assert [getattr(m, "huber_q", None) for m in mixed.members] == [Q, None, 0.0]
+    assert mixed.get_params()["huber_q"] == Q
     with pytest.raises(ValueError, match=r"members\[0\] \(lin_igw\): huber_q must be 0 \(off\) or in \(0.5, 1\), got 2"):
         DomainSettings.model_validate({"params": {"huber_q": 2}})
