@@ -73,14 +73,19 @@ def test_ranks_join_are_learned_the_running_service_ranks_with_the_new_snapshot_
             assert time.monotonic() < deadline, {name: workers.tail(name) for name in ("join", "learn", "publish")}
             time.sleep(0.5)
 
-        hits = 0
+        hits, trained = 0, decider.policy_version
         for i in range(200):
             age = rng.random()
             hits += rank(server.url, f"warm-{i}", age) == best(age)
         assert hits / 200 > 0.75, hits  # the learned choice, exploration aside (the baseline got about a third)
         warm = [d for _, d in H.read_topic(kafka, topics.decisions, "decision", expect=600, idle_s=2.0, timeout_s=60)
                 if d["event_id"].startswith("warm-")]
-        assert len(warm) == 200 and {d["policy_version"] for d in warm} == {decider.policy_version} != {first}
+        # every one decided by the trained snapshot or a later one: on a slow machine the warm
+        # decisions' own default rewards (their window closes) may be learned and published
+        # before the last of them is ranked
+        versions = {d["policy_version"] for d in warm}
+        later = [tuple(map(int, v.split("."))) >= tuple(map(int, trained.split("."))) for v in versions]
+        assert len(warm) == 200 and first not in versions and all(later), (trained, versions)
 
         # A model reset: the priors are published at once (a new minor version) ...
         learned = decider.policy_version
