@@ -34,6 +34,11 @@ against 0.703), was rated off-policy from the log at 0.60 (interval from 0.38) w
 gate, read as worse. Until that is understood it is a setting for rewards known to have
 outliers: latencies, costs, token counts.
 
+What it costs: the detector's stacked solve for every arm of a batch (once, for both) and a
+dozen vectorised passes over the rows. ``update_batch`` of ``lin_igw`` alone, 20 arms, batches
+of 1,000 rows (2026-11-29, one run on a busy machine): 2.06 million rows a second without it and
+0.95 million with it at d = 32; 244,000 and 210,000 at d = 128.
+
 Each side's quantile is tracked per arm by stochastic approximation on the log scale, over the
 batch's learned rows (weight > 0) on that side, with ``s`` frozen over the batch like ``theta``::
 
@@ -49,7 +54,10 @@ The scales are per-arm state (``robust_scale``: below, above; ``robust_rows``; `
 and ``robust_kind`` for the two-value rule), serialised in both views like the detector's, so
 a restarted learner continues bit for bit. They make learning depend on how rows are cut into
 batches, as the detector does: the learner folds blocks aligned to offsets
-(:mod:`streams._learn_shard`), which cut the same way after any restart. A batch equals its rows learned one by one only with ``huber_q = 0`` (off).
+(:mod:`streams._learn_shard`), which cut the same way after any restart (a shard rebuilt from
+the posterior topic after a takeover cuts where the previous owner published: every row counted
+once, the weights not bit for bit). A batch equals its rows learned one by one only with
+``huber_q = 0``, the default.
 """
 
 from __future__ import annotations
