@@ -179,3 +179,11 @@ def test_a_domain_turns_robust_learning_on_for_every_linear_member_in_one_settin
     assert mixed.get_params()["huber_q"] == Q
     with pytest.raises(ValueError, match=r"members\[0\] \(lin_igw\): huber_q must be 0 \(off\) or in \(0.5, 1\), got 2"):
         DomainSettings.model_validate({"params": {"huber_q": 2}})
+
+
+@pytest.mark.parametrize("name", ROBUST)
+def test_off_the_parameters_read_as_before_so_an_older_reader_loads_them(name):
+    assert "huber_q" not in make_policy(name, dim=DIM).get_params()
+    on = make_policy(name, dim=DIM, huber_q=Q)
+    assert on.get_params()["huber_q"] == Q and type(on)(**on.get_params()).huber_q == Q
+

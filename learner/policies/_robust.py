@@ -89,6 +89,12 @@ class RobustLearning:
         self.huber_q = float(huber_q)
         super().__init__(dim, **kwargs)
 
+    def get_params(self) -> dict[str, Any]:
+        params = super().get_params()  # type: ignore[misc]
+        if not self.huber_q:  # off: the parameters read as before it, so an older SDK loads the snapshot
+            del params["huber_q"]
+        return params
+
     def _robust_specs(self) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
         if not self.huber_q:
             return {}
