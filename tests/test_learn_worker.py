@@ -57,6 +57,24 @@ def learner_in_thread(config, prepare=None):
     assert not thread.is_alive(), "the learner did not stop"
 
 
+@pytest.fixture
+def learners():
+    """``learners(config, log)`` starts ``banditstream learn`` like ``h.start_learner``; any
+    still running when the test ends, passed or failed, is killed, so a failed assertion
+    leaves no learner behind."""
+    started = []
+
+    def start(config_path, log_path):
+        started.append(h.start_learner(config_path, log_path))
+        return started[-1]
+
+    yield start
+    for process in started:
+        if process.poll() is None:
+            process.kill()
+            process.wait(10)
+
+
 def stop_gracefully(process, timeout: float = 30.0) -> int:
     process.send_signal(signal.SIGTERM)
     return process.wait(timeout)
@@ -120,7 +138,7 @@ def test_learned_posterior_equals_the_in_process_fold_of_the_same_updates(kafka,
 
 
 @pytest.mark.integration
-def test_kill_9_at_three_random_points_reproduces_the_uninterrupted_posterior_bit_for_bit(kafka, topics, tmp_path):
+def test_kill_9_at_three_random_points_reproduces_the_uninterrupted_posterior_bit_for_bit(kafka, topics, tmp_path, learners):
     """...and loses no dead letter: one record in 50 is bad, so kills land next to them. The
     per-arm domains learn robustly (``h.ROBUST_DOMAINS``), which weighs a row by its model as
     its block finds it: the block boundaries, fixed by offsets, are what make the runs agree."""
@@ -147,7 +165,7 @@ def test_kill_9_at_three_random_points_reproduces_the_uninterrupted_posterior_bi
     config = h.write_config(tmp_path / "learn.json", kafka, topics, tmp_path / "killed", port, domains=h.ROBUST_DOMAINS)
     doomed = h.write_config(tmp_path / "doomed.json", kafka, topics, tmp_path / "killed", port, doomed=True, domains=h.ROBUST_DOMAINS)
     for i in range(3):
-        process = h.start_learner(doomed, tmp_path / "learn.log")
+        process = learners(doomed, tmp_path / "learn.log")
         threshold = rng.uniform(2_000, 20_000)  # updates this run has folded (past its replay)
 
         def learned_enough():
@@ -159,7 +177,7 @@ def test_kill_9_at_three_random_points_reproduces_the_uninterrupted_posterior_bi
         h.wait_until(learned_enough, 90, f"run {i} to fold {threshold:.0f} updates", interval=0.02)
         process.kill()
         assert process.wait(10) == -signal.SIGKILL
-    process = h.start_learner(config, tmp_path / "learn.log")
+    process = learners(config, tmp_path / "learn.log")
     h.wait_published(kafka, f"banditstream-learn.{topics.updates}", topics, ends, timeout=150)
     assert stop_gracefully(process) == 0
 
@@ -183,7 +201,7 @@ def test_kill_9_at_three_random_points_reproduces_the_uninterrupted_posterior_bi
 
 
 @pytest.mark.integration
-def test_two_learners_split_the_partitions_and_one_takes_over_the_others_shards(kafka, topics, tmp_path):
+def test_two_learners_split_the_partitions_and_one_takes_over_the_others_shards(kafka, topics, tmp_path, learners):
     ensure_topics(kafka, topics)
     group = f"banditstream-learn.{topics.updates}"
     ports = {name: free_port() for name in "abc"}
@@ -191,8 +209,8 @@ def test_two_learners_split_the_partitions_and_one_takes_over_the_others_shards(
         name: h.write_config(tmp_path / f"{name}.json", kafka, topics, tmp_path / name, ports[name], doomed=name == "b")
         for name in "abc"
     }  # separate state roots: a worker never sees another's disk; b is SIGKILLed below
-    a = h.start_learner(configs["a"], tmp_path / "a.log")
-    b = h.start_learner(configs["b"], tmp_path / "b.log")
+    a = learners(configs["a"], tmp_path / "a.log")
+    b = learners(configs["b"], tmp_path / "b.log")
 
     def assigned(name):
         with contextlib.suppress(OSError):
@@ -222,7 +240,7 @@ def test_two_learners_split_the_partitions_and_one_takes_over_the_others_shards(
     h.wait_until(lambda: h.metric(ports["b"], "banditstream_records_in_total") >= read_by_b + 15_000, 60, "b mid-run", interval=0.02)
     b.kill()
     b.wait(10)
-    c = h.start_learner(configs["c"], tmp_path / "c.log")
+    c = learners(configs["c"], tmp_path / "c.log")
     h.wait_published(kafka, group, topics, h.Produced(placed).ends(), timeout=120)
     assert stop_gracefully(c) == 0
 
@@ -380,11 +398,11 @@ def test_an_update_delivered_twice_is_learned_once(kafka, topics, tmp_path):
 
 
 @pytest.mark.integration
-def test_sigterm_flushes_state_publishes_commits_and_exits_0(kafka, topics, tmp_path):
+def test_sigterm_flushes_state_publishes_commits_and_exits_0(kafka, topics, tmp_path, learners):
     ensure_topics(kafka, topics)
     port = free_port()
     config = h.write_config(tmp_path / "learn.json", kafka, topics, tmp_path / "state", port)
-    process = h.start_learner(config, tmp_path / "learn.log")
+    process = learners(config, tmp_path / "learn.log")
     updates = h.make_updates(10_000, seed=6)
     produced = h.produce(kafka, topics.updates, h.encode_updates(updates))
 
@@ -408,12 +426,12 @@ def test_sigterm_flushes_state_publishes_commits_and_exits_0(kafka, topics, tmp_
     assert "Traceback" not in log
 
 
-def test_without_a_write_ahead_log_a_kill_after_a_commit_keeps_every_block_before_it(kafka, topics, tmp_path):
+def test_without_a_write_ahead_log_a_kill_after_a_commit_keeps_every_block_before_it(kafka, topics, tmp_path, learners):
     """The default (``learn.wal`` off): the publication's flush finishes before the commit."""
     ensure_topics(kafka, topics)
     port = free_port()
     config = h.write_config(tmp_path / "learn.json", kafka, topics, tmp_path / "state", port, doomed=True)
-    process = h.start_learner(config, tmp_path / "learn.log")
+    process = learners(config, tmp_path / "learn.log")
     try:
         produced = h.produce(kafka, topics.updates, h.encode_updates(h.make_updates(10_000, seed=9)))
         ends = produced.ends()
@@ -522,7 +540,7 @@ def test_state_of_the_old_default_policy_is_taken_into_the_default_portfolio(tmp
         assert shard._policies[("default", "main", "route")].arm_state_bytes("a") == learned  # noqa: SLF001
 
 
-def test_a_learner_refuses_state_of_another_policy_in_one_line(kafka, topics, tmp_path):
+def test_a_learner_refuses_state_of_another_policy_in_one_line(kafka, topics, tmp_path, learners):
     """`banditstream learn` over a state dir whose model was learned with another policy than
     the domain's: one line naming both and what to do, exit 2 (as every refused input), no traceback."""
     from learner.policies import make_policy
@@ -538,7 +556,7 @@ def test_a_learner_refuses_state_of_another_policy_in_one_line(kafka, topics, tm
         store.shard(0).apply({ArmKey("default", "main", "route", "gpt"): state}, {(topics.updates, 0): 0})  # offset 0: the log's start
     config = h.write_config(tmp_path / "learn.json", kafka, topics, state_dir, free_port())
     log = tmp_path / "learn.log"
-    learner = h.start_learner(config, log)
+    learner = learners(config, log)
     try:
         code = learner.wait(timeout=120)
     finally:
