@@ -25,7 +25,6 @@ from learner.policies import (
     StateFormatError,
     make_policy,
 )
-from learner.policies.base import _param_names
 
 NAMES = sorted(POLICIES)
 LINEAR = ["lin_igw", "lin_ts", "lin_ucb", "shared_lin_ts", "shared_lin_ucb"]
@@ -191,14 +190,6 @@ def test_arm_first_seen_among_candidates_enters_at_its_prior(name):
 )
 @pytest.mark.parametrize("name", NAMES)
 def test_batch_update_equals_sequential_updates(name, forgetting):
-    # Robust learning weighs a row by its residual against the model as its batch finds it
-    # (learner/policies/_robust.py), as the learner's offset-aligned blocks cut it; the rows
-    # themselves add up alike only without it (its own tests: tests/test_robust.py).
-    if "huber_q" in _param_names(POLICIES[name]):
-        forgetting = {**forgetting, "huber_q": 0.0}
-    elif name == "portfolio":
-        members = POLICIES[name]._unit_test_params()["members"]
-        forgetting = {**forgetting, "members": [{**member, "huber_q": 0.0} for member in members]}
     batched, sequential, chunked = (build(name, **forgetting) for _ in range(3))
     X, arms, r, w = labelled(batched, 120, seed=2)
     # event times a little out of order, as a join emits them: each row ages by its own time

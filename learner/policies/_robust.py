@@ -68,6 +68,8 @@ from typing import Any
 
 import numpy as np
 
+from learner.policies._detect import _row_dots
+
 #: Rows an arm learns unweighted while its scale settles.
 WARM = 10
 #: Step of the quantile's stochastic approximation, on the log scale, per row.
@@ -126,8 +128,6 @@ class RobustLearning:
     ) -> np.ndarray:
         if not self.huber_q or theta is None:
             return w
-        from learner.policies._detect import _row_dots
-
         scale_of, rows_of = self._arrays["robust_scale"], self._arrays["robust_rows"]  # type: ignore[attr-defined]
         signed = r - _row_dots(X, np.repeat(theta, counts, axis=0))
         e = np.abs(signed)
