@@ -13,7 +13,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
-pytestmark = pytest.mark.integration
+# five stacks at once, each example's rewards inside a 1 s window: nothing else beside them
+pytestmark = [pytest.mark.integration, pytest.mark.alone]
 
 
 EXAMPLES = ("adaptation_loop", "core_rl", "assistant_routing", "interrogator", "rag_autotuner")
