@@ -31,14 +31,15 @@ datasets not at all). But the demo's rewards (a 0/1 outcome with a cache bonus a
 penalty: bounded, no outliers) learned worse with it, never clearly better. Its mean reward online,
 ``banditstream demo --events 4000 --round-size 500``, seeds 0-9, without it and with 0.98
 (2026-11-29): within 0.2 % on seeds 1, 3, 4, 5 and 6, lower by 0.7 % (seed 0), 1.6 % (9),
-2.0 % (7), 4.6 % (8: llm_routing's gain over random from 0.90 to 0.71 of the oracle's) and 5.2 %
-(2: support_templates' from 0.85 to 0.58). The early rows are where it goes wrong. An arm weighed
-only from its ``2 * dim``-th row (128 in the demo) learned seeds 2, 7, 8 and 9 within 0.6 % of the
-default, but kept under a third of heavy_tail's gain (1,694 to 1,495); from its ``dim``-th row,
-seed 2 still lost 2.2 % and heavy_tail 1,337. So it stays a setting for rewards known to have
-outliers (latencies, costs, token counts), weighed from the 10th row, as measured above; one
-whose start follows the arm's own prediction variance, rather than a row count, is the next
-thing to try.
+2.0 % (7), 4.6 % (8: llm_routing went from 0.90 of the way from random to the oracle to 0.71) and 5.2 %
+(2: support_templates' from 0.85 to 0.58). Why is not settled. An arm weighed only from its
+``2 * dim``-th row learned seeds 2, 7, 8 and 9 within 0.6 % of the default, but that is 256 rows
+in the demo, whose arms learn about 330 each, so little was weighed at all; on the suite (128
+rows) it kept under a third of heavy_tail's gain (1,694 to 1,495). From its ``dim``-th row, seed
+2 still lost 2.2 % and heavy_tail came to 1,337. So it stays a setting for rewards known to have
+outliers (latencies, costs, token counts), weighed from the 10th row, as measured above. Next to
+try: a start that follows the arm's own prediction variance at the row rather than a row count,
+and a look at which rows the demo's arms weigh.
 
 What it costs: the detector's stacked solve for every arm of a batch (once, for both) and a
 dozen vectorised passes over the rows. ``update_batch`` of ``lin_igw`` alone, 20 arms, batches
