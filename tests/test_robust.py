@@ -121,15 +121,17 @@ def test_the_scale_tracks_its_quantile_of_the_absolute_residuals(batch):
     scale jitters by about 9 % around it at ETA 0.1), a batch of 50 rows or more moves toward
     its own quantile."""
     X, r = stream(20000, seed=3, noise="normal")
-    seen = scales_over(make_policy("lin_ucb", dim=DIM, seed=0, huber_q=Q), X, r, batch)
+    policy = make_policy("lin_ucb", dim=DIM, seed=0, huber_q=Q)
+    seen = scales_over(policy, X, r, batch)
     late = np.exp(np.log(seen[len(seen) // 2 :]).mean(axis=0))  # over the second half of the run
     np.testing.assert_allclose(late, 2.326, rtol=0.06)
     assert (np.abs(np.log(seen[len(seen) // 2 :] / 2.326)) < 0.35).all()
+    assert rows(policy) == 20000
 
 
 def test_blocks_of_a_thousand_rows_find_the_quantile_from_a_first_block_far_from_the_model():
     """The learner folds blocks of up to 1,024 rows. An arm's first block is learned against the
-    prior's mean, here two noise sds below the mean reward, so 19 residuals in 20 lie above the
+    prior's mean, 0, here 2.5 below the mean reward, so about 19 residuals in 20 lie above the
     model. Its scales are its rows' quantile on both sides together: an arm set from the few
     rows below the model (before, in the demo: 0.08 against 1.4 above) weighed 20-60 % of its
     rows, and a step of at most MAX_STEP a block left it there. Each block of 50 rows or more on
