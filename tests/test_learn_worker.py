@@ -431,19 +431,17 @@ def test_without_a_write_ahead_log_a_kill_after_a_commit_keeps_every_block_befor
     ensure_topics(kafka, topics)
     port = free_port()
     config = h.write_config(tmp_path / "learn.json", kafka, topics, tmp_path / "state", port, doomed=True)
-    process = learners(config, tmp_path / "learn.log")
-    try:
-        produced = h.produce(kafka, topics.updates, h.encode_updates(h.make_updates(10_000, seed=9)))
-        ends = produced.ends()
-        group = f"banditstream-learn.{topics.updates}"
+    process = learners(config, tmp_path / "learn.log")  # killed by the fixture if the wait fails
+    produced = h.produce(kafka, topics.updates, h.encode_updates(h.make_updates(10_000, seed=9)))
+    ends = produced.ends()
+    group = f"banditstream-learn.{topics.updates}"
 
-        def committed_all():
-            assert process.poll() is None, f"learner exited with {process.returncode}"
-            return h.committed(kafka, group, topics.updates, 4) == {p: ends.get(p, 0) for p in range(4)}
+    def committed_all():
+        assert process.poll() is None, f"learner exited with {process.returncode}"
+        return h.committed(kafka, group, topics.updates, 4) == {p: ends.get(p, 0) for p in range(4)}
 
-        h.wait_until(committed_all, 90, "the learner to commit every update")
-    finally:
-        process.kill()
+    h.wait_until(committed_all, 90, "the learner to commit every update")
+    process.kill()
     assert process.wait(10) == -signal.SIGKILL
     stored = stored_shards(tmp_path / "state", topics.updates, 4)
     for partition, end in ends.items():
@@ -556,12 +554,7 @@ def test_a_learner_refuses_state_of_another_policy_in_one_line(kafka, topics, tm
         store.shard(0).apply({ArmKey("default", "main", "route", "gpt"): state}, {(topics.updates, 0): 0})  # offset 0: the log's start
     config = h.write_config(tmp_path / "learn.json", kafka, topics, state_dir, free_port())
     log = tmp_path / "learn.log"
-    learner = learners(config, log)
-    try:
-        code = learner.wait(timeout=120)
-    finally:
-        if learner.poll() is None:
-            learner.kill()
+    code = learners(config, log).wait(timeout=120)  # a learner still running is killed by the fixture
     text = log.read_text()
     errors = [line for line in text.splitlines() if line.startswith("error:")]
     assert code == 2 and "Traceback" not in text, text[-3000:]
