@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from learner.domain import DomainSettings
-from learner.policies import make_policy
+from learner.policies import Policy, make_policy
+from learner.policies.base import _decode, _encode
 from learner.policies._robust import WARM
 
 ROBUST = ["lin_igw", "lin_ts", "lin_ucb"]
@@ -224,3 +225,23 @@ def test_off_the_parameters_read_as_before_so_an_older_reader_loads_them(name):
     on = make_policy(name, dim=DIM, huber_q=Q)
     assert on.get_params()["huber_q"] == Q and type(on)(**on.get_params()).huber_q == Q
 
+
+@pytest.mark.parametrize("name", ROBUST)
+def test_a_scoring_view_leaves_the_scales_out_and_decides_as_the_policy(name):
+    """A snapshot carries no scales (deciding never reads them; an SDK from before robust
+    learning refuses arrays it does not know); a scoring blob that still holds them loads."""
+    X, r = stream(600, seed=8, noise="t2")
+    arms = ["a", "b"] * 300
+    policy = make_policy(name, dim=DIM, seed=0, huber_q=Q)
+    for lo in range(0, 600, 50):
+        policy.update_batch(X[lo : lo + 50], arms[lo : lo + 50], r[lo : lo + 50] + np.where(np.array(arms[lo : lo + 50]) == "b", 0.3, 0))
+    robust = {k: v for k, v in _decode(policy.to_bytes())[1].items() if k.startswith("robust_")}
+    assert len(robust) == 4 and (robust["robust_scale"] > 0).all()
+    header, arrays = _decode(policy.scoring_view().to_bytes())
+    assert not [k for k in arrays if k.startswith("robust_")]
+    older = _encode(header, {**arrays, **robust})  # as a scoring view was written with them
+    for blob in (_encode(header, arrays), older):
+        view = Policy.from_bytes(blob)
+        for seed in range(3):
+            got, want = view.probabilities(X[:2], ["a", "b"], rng=seed), policy.probabilities(X[:2], ["a", "b"], rng=seed)
+            assert got.chosen == want.chosen and got.probabilities.tobytes() == want.probabilities.tobytes()

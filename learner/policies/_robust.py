@@ -72,8 +72,10 @@ so does an arm a portfolio member takes an alarm for (``alarms_from``), and one 
 state written without them.
 
 The scales are per-arm state (``robust_scale``: below, above; ``robust_rows``; ``robust_range``
-and ``robust_kind`` for the two-value rule), serialised in both views like the detector's, so
-a restarted learner continues bit for bit. They make learning depend on how rows are cut into
+and ``robust_kind`` for the two-value rule), serialised in the full view like the detector's, so
+a restarted learner continues bit for bit. A scoring view (a snapshot) leaves them out: deciding
+never reads them, and an SDK from before robust learning refuses a blob with arrays it does not
+know. They make learning depend on how rows are cut into
 batches, as the detector does: the learner folds blocks aligned to offsets
 (:mod:`streams._learn_shard`), which cut the same way after any restart (a shard rebuilt from
 the posterior topic after a takeover cuts where the previous owner published: every row counted

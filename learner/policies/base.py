@@ -342,8 +342,9 @@ class Policy:
         return {"clock": ((), np.dtype(np.int64))} if self.half_life_s is not None else {}
 
     def _robust_specs(self) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
-        """Per-arm state of robust learning (``learner/policies/_robust.py``): serialised in
-        both views, all or none (absent: the arms' scales start over, at zeros)."""
+        """Per-arm state of robust learning (``learner/policies/_robust.py``): serialised in the
+        full view, all or none (absent: the arms' scales start over, at zeros); a scoring view
+        leaves it out, and loads it where a scoring blob still holds it."""
         return {}
 
     def _restart_scales(self, slots: np.ndarray) -> None:
@@ -838,7 +839,7 @@ class Policy:
         view._scoring_only = True
         for arm in self._arms:
             view._slot_of(arm)
-        arrays = {**self._scoring_stack(slots), **self._side_arrays(slots)}
+        arrays = {**self._scoring_stack(slots), **self._side_arrays(slots, "scoring")}
         view._load_view(slots, arrays, "scoring", count=self._arrays["count"][slots])
         return view
 
@@ -873,12 +874,15 @@ class Policy:
                 arrays[name] = pack_symmetric(value) if name in self._packed else value
             arrays.update(self._carried_arrays(slots))
         arrays["count"] = self._arrays["count"][slots]
-        arrays.update(self._side_arrays(slots))
+        arrays.update(self._side_arrays(slots, self._view()))
         return arrays
 
-    def _side_arrays(self, slots: np.ndarray) -> dict[str, np.ndarray]:
-        """The arrays both views carry beside the statistics: a detector's, the clock and robust learning's scale."""
-        return {name: self._arrays[name][slots] for name in (*self._detector_specs(), *self._clock_specs(), *self._robust_specs())}
+    def _side_arrays(self, slots: np.ndarray, view: str) -> dict[str, np.ndarray]:
+        """The arrays a view carries beside the statistics: a detector's and the clock in both,
+        robust learning's scales in the full view only. Deciding never reads them, and an SDK
+        from before robust learning refuses a scoring blob that holds arrays it does not know."""
+        robust = self._robust_specs() if view == "full" else {}
+        return {name: self._arrays[name][slots] for name in (*self._detector_specs(), *self._clock_specs(), *robust)}
 
     def _load_view(self, slots: np.ndarray, arrays: Mapping[str, np.ndarray], view: str, count: np.ndarray | None) -> None:
         """Check shapes and values of stacked arrays for ``slots`` against ``view`` and load them."""
