@@ -34,18 +34,18 @@ REPO = Path(__file__).resolve().parents[1]
 DIM = 8
 
 #: Domains of every shape the worker handles: per-arm Thompson, per-arm UCB with forgetting,
-#: and one model shared across arms. ROBUST_DOMAINS has robust learning on in the per-arm ones
-#: (``huber_q``, off by default): it weighs a row by the model as its block finds it, so there
-#: the learner must give the fold of its offset-aligned blocks bit for bit, and one fold of
-#: every row is no longer the reference.
-DOMAINS: dict[str, dict] = {
+#: and one model shared across arms. Their per-arm ones turn robust learning off (``huber_q``
+#: 0), so that one fold of every row is the reference; ROBUST_DOMAINS leave it on, as it comes
+#: by default: it weighs a row by the model as its block finds it, so there the learner must
+#: give the fold of its offset-aligned blocks bit for bit.
+ROBUST_DOMAINS: dict[str, dict] = {
     "route": {"policy": "lin_ts", "params": {"v": 0.5}, "features": {"dimension": DIM}},
     "prompt": {"policy": "lin_ucb", "params": {"alpha": 1.0, "gamma": 0.999}, "features": {"dimension": DIM}},
     "tool": {"policy": "shared_lin_ucb", "params": {"alpha": 0.5}, "features": {"dimension": DIM, "shared": True}},
 }
-ROBUST_DOMAINS: dict[str, dict] = {
-    name: spec if spec["features"].get("shared") else {**spec, "params": {**spec["params"], "huber_q": 0.98}}
-    for name, spec in DOMAINS.items()
+DOMAINS: dict[str, dict] = {
+    name: spec if spec["features"].get("shared") else {**spec, "params": {**spec["params"], "huber_q": 0}}
+    for name, spec in ROBUST_DOMAINS.items()
 }
 ARMS = {"route": ["gpt", "claude", "llama", "mistral", "small"], "prompt": ["p1", "p2", "p3"], "tool": ["search", "calc", "code"]}
 

@@ -15,7 +15,7 @@ from learner.policies.base import _decode, _encode
 from learner.policies._robust import WARM
 
 ROBUST = ["lin_igw", "lin_ts", "lin_ucb"]
-Q = 0.98  # the setting measured; robust learning is off by default
+Q = 0.98  # the setting measured, and the default
 DIM = 4
 TRUTH = np.array([0.5, 1.0, -0.5, 0.25])
 
@@ -205,25 +205,32 @@ def test_a_bad_huber_q_is_refused_naming_the_parameter(value):
         make_policy("lin_igw", dim=DIM, huber_q=value)
 
 
-def test_a_domain_turns_robust_learning_on_for_every_linear_member_in_one_setting():
-    """``params = { huber_q = 0.98 }`` on a default domain reaches each of its members (off by
-    default); in a portfolio it goes only to the members that learn robustly, and a member's own
-    value wins."""
-    members = [m.huber_q for m in DomainSettings.model_validate({"params": {"huber_q": Q}}).make_policy().members]
-    assert members == [Q, Q, Q]
-    assert [m.huber_q for m in DomainSettings().make_policy().members] == [0.0, 0.0, 0.0]
-    mixed = make_policy("portfolio", dim=DIM, huber_q=Q, members=[{"policy": "lin_igw"}, {"policy": "ucb1"}, {"policy": "lin_ucb", "huber_q": 0}])
-    assert [getattr(m, "huber_q", None) for m in mixed.members] == [Q, None, 0.0]
-    assert mixed.get_params()["huber_q"] == Q
+def test_a_domain_sets_robust_learning_for_every_linear_member_in_one_setting():
+    """A default domain's members learn robustly; ``params = { huber_q = 0 }`` turns it off in
+    each of them (``0.9`` sets another quantile); in a portfolio it goes only to the members
+    that learn robustly, and a member's own value wins."""
+    assert [m.huber_q for m in DomainSettings().make_policy().members] == [Q, Q, Q]
+    members = [m.huber_q for m in DomainSettings.model_validate({"params": {"huber_q": 0}}).make_policy().members]
+    assert members == [0.0, 0.0, 0.0]
+    members = [m.huber_q for m in DomainSettings.model_validate({"params": {"huber_q": 0.9}}).make_policy().members]
+    assert members == [0.9, 0.9, 0.9]
+    mixed = make_policy("portfolio", dim=DIM, huber_q=0, members=[{"policy": "lin_igw"}, {"policy": "ucb1"}, {"policy": "lin_ucb", "huber_q": Q}])
+    assert [getattr(m, "huber_q", None) for m in mixed.members] == [0.0, None, Q]
+    assert mixed.get_params()["huber_q"] == 0
     with pytest.raises(ValueError, match=r"members\[0\] \(lin_igw\): huber_q must be 0 \(off\) or in \(0.5, 1\), got 2"):
         DomainSettings.model_validate({"params": {"huber_q": 2}})
 
 
 @pytest.mark.parametrize("name", ROBUST)
-def test_off_the_parameters_read_as_before_so_an_older_reader_loads_them(name):
-    assert "huber_q" not in make_policy(name, dim=DIM).get_params()
-    on = make_policy(name, dim=DIM, huber_q=Q)
-    assert on.get_params()["huber_q"] == Q and type(on)(**on.get_params()).huber_q == Q
+def test_at_the_default_the_parameters_read_as_before_so_an_older_reader_loads_them(name):
+    """The default quantile is left out of the parameters (an SDK from before robust learning
+    builds the policy from them); any other value is written, and each clones."""
+    default = make_policy(name, dim=DIM)
+    assert "huber_q" not in default.get_params() and type(default)(**default.get_params()).huber_q == Q
+    for value in (0.0, 0.9):
+        other = make_policy(name, dim=DIM, huber_q=value)
+        assert other.get_params()["huber_q"] == value and type(other)(**other.get_params()).huber_q == value
+
 
 
 @pytest.mark.parametrize("name", ROBUST)

@@ -60,7 +60,7 @@ class LinIGW(RobustLearning, DriftDetection, LinearPolicy):
     (Vowpal Wabbit's ``--squarecb`` uses 10 and 0.5 with ``alpha = 0``);
     ``eps0`` (default 0.01, above); ``detect``, ``detect_threshold``, ``detect_keep`` (change detection on each
     arm's residuals, on by default: :class:`~learner.policies._detect.DriftDetection`); ``huber_q``
-    (robust learning: off by default, 0.98 for rewards with outliers;
+    (robust learning: 0.98 by default, 0 turns it off;
     :class:`~learner.policies._robust.RobustLearning`);
     ``refactor_every``, ``intercept_index`` (see :class:`~learner.policies._linear.LinearPolicy`); ``dim``,
     ``eps0``, ``gamma``, ``prior_mean``, ``prior_strength``, ``arm_priors``, ``seed`` (see

@@ -36,7 +36,7 @@ class LinTS(ThompsonParams, RobustLearning, DriftDetection, LinearPolicy):
     Parameters: ``v`` (>= 0) posterior scale; ``n_draws`` (>= 1, default 64) draws per decision;
     ``detect``, ``detect_threshold``, ``detect_keep`` (change detection on each arm's residuals,
     on by default: :class:`~learner.policies._detect.DriftDetection`); ``huber_q`` (robust
-    learning: off by default, 0.98 for rewards with outliers;
+    learning: 0.98 by default, 0 turns it off;
     :class:`~learner.policies._robust.RobustLearning`);
     ``refactor_every``, ``intercept_index`` (:class:`~learner.policies._linear.LinearPolicy`);
     ``dim``, ``eps0``, ``gamma``, ``prior_mean``, ``prior_strength``, ``arm_priors``, ``seed``

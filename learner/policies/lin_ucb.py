@@ -26,7 +26,7 @@ class LinUCB(RobustLearning, DriftDetection, LinearPolicy):
     Parameters: ``alpha`` (> = 0) width of the confidence bound; ``detect``,
     ``detect_threshold``, ``detect_keep`` (change detection on each arm's residuals, on by
     default: :class:`~learner.policies._detect.DriftDetection`); ``huber_q`` (robust learning:
-    off by default, 0.98 for rewards with outliers; :class:`~learner.policies._robust.RobustLearning`);
+    0.98 by default, 0 turns it off; :class:`~learner.policies._robust.RobustLearning`);
     ``refactor_every``,
     ``intercept_index`` (see :class:`~learner.policies._linear.LinearPolicy`); ``dim``, ``eps0``,
     ``gamma``, ``prior_mean``, ``prior_strength`` (the ridge penalty), ``arm_priors``, ``seed``
