@@ -206,10 +206,14 @@ def test_a_bad_huber_q_is_refused_naming_the_parameter(value):
 
 
 def test_a_domain_sets_robust_learning_for_every_linear_member_in_one_setting():
-    """A default domain's members learn robustly; ``params = { huber_q = 0 }`` turns it off in
-    each of them (``0.9`` sets another quantile); in a portfolio it goes only to the members
-    that learn robustly, and a member's own value wins."""
-    assert [m.huber_q for m in DomainSettings().make_policy().members] == [Q, Q, Q]
+    """A default domain's ``lin_igw`` members learn robustly, its Fourier member does not
+    (``FOURIER_HUBER_Q``); ``params = { huber_q = 0 }`` turns it off in each of them (``0.9``
+    sets another quantile in all three); in a portfolio it goes only to the members that learn
+    robustly, and a member's own value wins."""
+    assert [m.huber_q for m in DomainSettings().make_policy().members] == [Q, Q, 0.0]
+    fourier = {"policy": "lin_igw", "alpha": 0, "fourier": 16}
+    own = make_policy("portfolio", dim=DIM, members=[{"policy": "lin_igw"}, {**fourier, "huber_q": Q}])
+    assert [m.huber_q for m in own.members] == [Q, Q]
     members = [m.huber_q for m in DomainSettings.model_validate({"params": {"huber_q": 0}}).make_policy().members]
     assert members == [0.0, 0.0, 0.0]
     members = [m.huber_q for m in DomainSettings.model_validate({"params": {"huber_q": 0.9}}).make_policy().members]
