@@ -197,7 +197,8 @@ class RobustLearning:
             return pooled[i]
 
         learning = np.add.reduceat(learned.astype(np.int64), starts) > 0
-        warm = (rows_of[slots] < WARM) & (self._arrays["count"][slots] < WARM) & learning  # type: ignore[attr-defined]
+        # (an arm's update count is never below its rows since a restart, so this is a new arm's)
+        warm = (self._arrays["count"][slots] < WARM) & learning  # type: ignore[attr-defined]
         for j in (0, 1):
             on = learned & (side == j)
             m = np.add.reduceat(on.astype(np.int64), starts)
