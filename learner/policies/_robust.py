@@ -193,12 +193,16 @@ class RobustLearning:
         learned = w > 0
         continuous = self._continuous(slots, starts, counts, r, learned)
         ready = np.repeat((rows_of[slots] >= WARM) & continuous & ~flagged, counts)
-        if ready.any():  # wider where the arm knows little
-            bound = scale * np.sqrt(1.0 + self._leverage(slots, starts, counts, X))
+        # past the scale (a side's scale of 0 is not set yet); the bound, wider where the arm
+        # knows little, is never below it, so only these rows need their x . A^-1 x
+        weighed = ready & learned & (scale > 0.0) & (e > scale)
+        if weighed.any():
+            bound = scale.copy()
+            bound[weighed] *= np.sqrt(1.0 + self._leverage(slots, starts, counts, X, weighed))
+            weighed &= e > bound
+            out = w * np.where(weighed, bound / np.where(weighed, e, 1.0), 1.0)
         else:
-            bound = scale
-        weighed = ready & learned & (scale > 0.0) & (e > bound)  # a side's scale of 0 is not set yet
-        out = w * np.where(weighed, bound / np.where(weighed, e, 1.0), 1.0) if weighed.any() else w
+            out = w
         # each side's scale: a step toward its quantile, or, from a batch with enough rows on
         # that side to have one, a move toward the batch's own. A new arm warming up (fewer than
         # WARM rows before this batch, none of them weighed) holds the greatest of its batches'
@@ -238,15 +242,17 @@ class RobustLearning:
         self._restart_scales(slots[flagged])
         return out
 
-    def _leverage(self, slots: np.ndarray, starts: np.ndarray, counts: np.ndarray, X: np.ndarray) -> np.ndarray:
-        """Each row's ``x . A^-1 x`` under its arm's statistics as the batch finds them (rows
-        sorted by arm): the model's own variance at ``x``, in units of the noise's."""
-        inverse = np.linalg.inv(self._arrays["A"][slots])  # type: ignore[attr-defined]
+    def _leverage(self, slots: np.ndarray, starts: np.ndarray, counts: np.ndarray, X: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        """``x . A^-1 x`` of the ``rows`` (a mask; rows sorted by arm) under their arms'
+        statistics as the batch finds them: the model's own variance at ``x``, in units of the
+        noise's. One stacked inverse of the arms that have such rows."""
+        arms = np.flatnonzero(np.add.reduceat(rows.astype(np.int64), starts) > 0)
+        inverse = np.linalg.inv(self._arrays["A"][slots[arms]])  # type: ignore[attr-defined]
         h = np.empty(len(X))
-        for i, (lo, k) in enumerate(zip(starts.tolist(), counts.tolist())):
-            rows = X[lo : lo + k]
-            h[lo : lo + k] = np.einsum("ij,ij->i", rows @ inverse[i], rows)
-        return h
+        for j, i in enumerate(arms.tolist()):
+            at = starts[i] + np.flatnonzero(rows[starts[i] : starts[i] + counts[i]])
+            h[at] = np.einsum("ij,ij->i", X[at] @ inverse[j], X[at])
+        return h[rows]
 
     def _continuous(self, slots: np.ndarray, starts: np.ndarray, counts: np.ndarray, r: np.ndarray, learned: np.ndarray) -> np.ndarray:
         """Per arm, whether its rewards so far, this batch's learned rows included, took more
