@@ -1,8 +1,9 @@
 """Robust learning of the per-arm linear policies (learner/policies/_robust.py): an outlier's
-row weighs ``s / |e|`` exactly; heavy-tailed noise moves the estimate far less than it moves a
-plain ridge regression, Gaussian noise about as little; the scale tracks its quantile; it
-starts over where the detector flags an arm; it travels with the arm's state bit for bit, and
-a state written without it still loads."""
+row weighs ``c / |e|`` exactly (``c = s sqrt(1 + x . A^-1 x)``, wider where the arm knows
+little); heavy-tailed noise moves the estimate far less than it moves a plain ridge regression,
+Gaussian noise about as little; the scale tracks its quantile; it starts over where the
+detector flags an arm; it travels with the arm's state bit for bit, and a state written
+without it still loads."""
 
 from __future__ import annotations
 
