@@ -1,9 +1,8 @@
 """Robust learning of the per-arm linear policies (learner/policies/_robust.py): an outlier's
-row weighs ``c / |e|`` exactly (``c = s sqrt(1 + x . A^-1 x)``, wider where the arm knows
-little); heavy-tailed noise moves the estimate far less than it moves a plain ridge regression,
-Gaussian noise about as little; the scale tracks its quantile; it starts over where the
-detector flags an arm; it travels with the arm's state bit for bit, and a state written
-without it still loads."""
+row weighs ``s / |e|`` exactly; heavy-tailed noise moves the estimate far less than it moves a
+plain ridge regression, Gaussian noise about as little; the scale tracks its quantile; it
+starts over where the detector flags an arm; it travels with the arm's state bit for bit, and
+a state written without it still loads."""
 
 from __future__ import annotations
 
@@ -52,12 +51,6 @@ def rows(policy) -> int:
     return int(policy._arrays["robust_rows"][policy._slot["a"]])
 
 
-def spread(A: np.ndarray, x: np.ndarray) -> float:
-    """``sqrt(1 + x . A^-1 x)``: how much further than the scale a row's residual may lie,
-    the model's own error at ``x`` in units of the noise's."""
-    return float(np.sqrt(1.0 + x @ np.linalg.solve(A, x)))
-
-
 @pytest.mark.parametrize("name", ROBUST)
 def test_an_outlier_row_weighs_the_scale_over_its_residual(name):
     policy = learn(make_policy(name, dim=DIM, seed=0, huber_q=Q), *stream(200, seed=1, noise="normal"))
@@ -65,12 +58,10 @@ def test_an_outlier_row_weighs_the_scale_over_its_residual(name):
     theta = policy.posterior_mean("a")
     before = policy.arm_statistics("a")
     x = np.array([1.0, 0.3, -0.2, 0.1])
-    bound = s * spread(before["A"], x)
-    assert s < bound < 1.02 * s  # 200 rows learned: the model's own error at x is small
-    r = x @ theta + 10.0 * bound  # ten bounds above the model: weight 1/10
+    r = x @ theta + 10.0 * s  # ten scales above the model: weight 1/10
     policy.update_batch(x[None, :], ["a"], [r])
     after = policy.arm_statistics("a")
-    weight = bound / abs(r - x @ theta)
+    weight = s / abs(r - x @ theta)
     np.testing.assert_allclose(weight, 0.1, rtol=1e-9)
     np.testing.assert_allclose(after["A"], before["A"] + weight * np.outer(x, x), rtol=1e-12)
     np.testing.assert_allclose(after["b"], before["b"] + weight * r * x, rtol=1e-12)
@@ -81,25 +72,6 @@ def test_an_outlier_row_weighs_the_scale_over_its_residual(name):
     r = x @ theta + 0.5 * s
     policy.update_batch(x[None, :], ["a"], [r])
     np.testing.assert_allclose(policy.arm_statistics("a")["b"], before["b"] + r * x, rtol=1e-12)
-
-
-def test_a_row_where_the_arm_knows_little_may_lie_further_before_it_weighs_less():
-    """The bound is ``s sqrt(1 + x . A^-1 x)``: where the arm's model is uncertain (a context
-    unlike those it learned from) its own error explains a larger residual. A row 3 scales above
-    the model where it has learned is weighed; the same residual at a far context is not."""
-    policy = learn(make_policy("lin_ucb", dim=DIM, seed=0, huber_q=Q), *stream(200, seed=1, noise="normal"))
-    s, theta, A = scale(policy), policy.posterior_mean("a"), policy.arm_statistics("a")["A"]
-    near, far = np.array([1.0, 0.3, -0.2, 0.1]), np.array([1.0, 30.0, -30.0, 30.0])
-    assert spread(A, near) < 1.02 and spread(A, far) > 3.0
-    for x, weighed in ((near, True), (far, False)):
-        before = policy.arm_statistics("a")["A"]
-        theta = policy.posterior_mean("a")
-        policy.update_batch(x[None, :], ["a"], [x @ theta + 3.0 * s])
-        added = policy.arm_statistics("a")["A"] - before
-        if weighed:
-            np.testing.assert_allclose(added, np.outer(x, x) * spread(before, x) / 3.0, rtol=1e-9)
-        else:
-            np.testing.assert_allclose(added, np.outer(x, x), rtol=1e-12)
 
 
 def test_heavy_tailed_noise_moves_the_estimate_far_less_and_gaussian_noise_about_as_little():

@@ -6,26 +6,14 @@ rows, and early on (a few dozen rows per arm) it can rank the arms wrongly for t
 rows. Latencies, costs and token counts are such rewards. Each per-arm linear model therefore
 learns a row with weight::
 
-    w' = w * min(1, c / |e|),    e = r - x . theta,    c = s * sqrt(1 + x . A^-1 x)
+    w' = w * min(1, s / |e|),    e = r - x . theta
 
-where ``theta = A^-1 b`` is the arm's posterior mean as the batch finds it (the change
-detector's, one stacked solve per batch) and ``s`` the arm's running ``huber_q`` quantile (0.98,
-say) of the absolute residuals on the row's side of the model: of those above it for a row
-above, of those below for a row below. That is one step of iteratively reweighted least squares
-for Huber's loss with its threshold at ``c``: past it a row pulls the model by ``c``, not by its
-residual. About one row in fifty on each side is weighed down.
-
-**The bound grows where the arm knows little.** A residual is the reward's noise plus the
-model's own error at ``x``; under the ridge posterior its variance is ``sigma^2 (1 + x . A^-1
-x)``. Where the arm has learned much (``x . A^-1 x`` about ``dim / rows``) the bound is ``s``;
-where it has learned little, or little near this row (a new arm, one the change detector
-restarted, a context unlike those it was shown), a residual must pass what its uncertainty
-explains too. Without that factor (2026-11-29) an arm the detector restarted met the new
-world's rows as outliers of a scale set from its first rows: drift_abrupt at B = 1 had 1,475
-against 1,383 without robust learning (seed 0: 1,602 against 1,321). The scale itself stays a
-quantile of the raw residuals: of studentised ones, ``e / sqrt(1 + x . A^-1 x)``, it was set
-from an arm's first block against a prior far wider than its rewards, too small, and weighed
-many of the next blocks' rows: the demo lost 3.8 % of its reward online on seed 7 (2026-11-30).
+where ``theta`` is the arm's posterior mean as the batch finds it (the change detector's, one
+stacked solve per batch) and ``s`` the arm's running ``huber_q`` quantile (0.98, say) of the
+absolute residuals on the row's side of the model: of those above it for a row above, of those
+below for a row below. That is one step of iteratively reweighted least squares for Huber's
+loss with its threshold at ``s``: past it a row pulls the model by ``s``, not by its residual.
+About one row in fifty on each side is weighed down.
 
 **A reward of two values is never weighed.** A click one row in a hundred lies 0.99 above a
 model predicting 0.01: past any quantile of the residuals, and it is the signal, not noise.
@@ -50,14 +38,33 @@ those 0/1 environments as they were).
 - the demo (``banditstream demo --events 4000 --round-size 500``, seeds 0-9), whose rewards are
   bounded (a 0/1 outcome, a cache bonus, a latency penalty): its mean reward online within
   -0.25 % to +0.38 % of what it was without (2026-11-29, late; the same range as before the
-  Fourier member and the warm-up rule changed);
-- the bound widened where the arm knows little (2026-11-30, against the day before): at B = 1
-  drift_abrupt 1,475 -> 1,429, fifty_arms 2,125 -> 2,064, nonlinear 2,792 -> 2,764, heavy_tail
-  1,150 -> 1,174, the rest within +-0.2 %; at B = 200 drift_gradual 1,253 -> 1,274, heavy_tail
-  1,187 -> 1,201, nonlinear 2,893 -> 2,921, the rest within +-0.6 %. Mixed, as a change of the
-  weights of a few rows in a hundred is on three seeds; it is kept for what it fixes: an arm
-  restarted at one update per event (drift_abrupt, seed 0: 1,602 -> 1,397). The demo, seeds
-  0-9: -0.22 % to +0.32 % against the day before, -0.04 % to +0.38 % against robust learning off.
+  Fourier member and the warm-up rule changed).
+
+**Tried, and left out (2026-11-30): a bound that widens where the arm knows little.** A
+residual is the reward's noise plus the model's own error at ``x``, whose variance under the
+ridge posterior is ``sigma^2 x . A^-1 x``. Two ways to allow for it, each against this rule
+(``benchmarks/regret.py``'s streams, ours only, seeds 0-2):
+
+- studentised residuals ``e / sqrt(1 + x . A^-1 x)`` for the scale and the weights: at B = 1
+  drift_abrupt 1,475 -> 1,385, heavy_tail 1,150 -> 1,037, many_arms 3,501 -> 3,040, fifty_arms
+  2,125 -> 2,046, new_arms 832 -> 851, at B = 200 many_arms 3,044 -> 2,939, heavy_tail 1,187 ->
+  1,205, the rest within 3 % at B = 1 and 0.5 % at B = 200; but an arm's first scale, set from
+  its first block against a prior far wider than its rewards, came out too small and weighed
+  many of its next blocks' rows: the demo (``--events 4000 --round-size 500``) lost 0.7-3.8 % of its reward
+  online on seeds 4-7 against robust learning off (seed 7's support_templates 0.876 -> 0.820).
+  Its first scales set from raw residuals brought the demo back and lost drift_abrupt (1,490);
+- the scale as here and each row's bound ``s sqrt(1 + x . A^-1 x)``: the demo within -0.04 % to
+  +0.38 % of off (seeds 0-9), regret mixed within 3 % (B = 1: drift_abrupt 1,429, fifty_arms
+  2,064, heavy_tail 1,174; B = 200: drift_gradual 1,274, heavy_tail 1,201, nonlinear 2,921).
+
+Either needs ``x . A^-1 x``, a stacked inverse (or second factorisation) of the arms with rows
+past their scale, every batch: ``benchmarks/learner.py`` in the same sitting (a busy one, two
+runs each) had LinUCB alone at d = 128 at 19,700-20,800 rows a second against 36,100-36,500
+with this rule, the default portfolio at 9,000-10,000 against 13,600-14,500 (d = 32:
+42,200-52,200 against 59,000-67,400). For a demo that loses up to 3.8 % (the first) or regret
+that moves within the seeds' noise (the second), that is too much of the update's margin over
+its targets. A cheaper ``x . A^-1 x`` (from the detector's solve, sharing its factorisation)
+would make the second worth measuring again.
 
 Before the scales moved toward each block's own quantile and started from both sides together
 (below), the demo lost up to 5.2 % with it (seed 2; 4.6 % on seed 8, 2.0 % on seed 7), and
@@ -69,9 +76,8 @@ scales out of its scoring view, so a snapshot of a default domain reads as befor
 learning and an SDK from before it decides with it. A domain that learned without it takes its
 arms' state as it is; their scales start at their next batch.
 
-What it costs: the detector's stacked solve for every arm of a batch (once, for both), a
-dozen vectorised passes over the rows, and a stacked inverse of the arms with rows past their
-scale (for ``x . A^-1 x``; since 2026-11-30). ``update_batch`` of ``lin_igw`` alone, 20 arms, batches
+What it costs: the detector's stacked solve for every arm of a batch (once, for both) and a
+dozen vectorised passes over the rows. ``update_batch`` of ``lin_igw`` alone, 20 arms, batches
 of 1,000 rows (2026-11-29, one run on a busy machine): 2.06 million rows a second without it and
 0.95 million with it at d = 32; 244,000 and 210,000 at d = 128. With the block-wise scales: 2.16
 and 0.95 million at d = 32 (one run); 234,000-235,000 and 174,000-202,000 at d = 128 (two).
@@ -201,16 +207,8 @@ class RobustLearning:
         learned = w > 0
         continuous = self._continuous(slots, starts, counts, r, learned)
         ready = np.repeat((rows_of[slots] >= WARM) & continuous & ~flagged, counts)
-        # past the scale (a side's scale of 0 is not set yet); the bound, wider where the arm
-        # knows little, is never below it, so only these rows need their x . A^-1 x
-        weighed = ready & learned & (scale > 0.0) & (e > scale)
-        if weighed.any():
-            bound = scale.copy()
-            bound[weighed] *= np.sqrt(1.0 + self._leverage(slots, starts, counts, X, weighed))
-            weighed &= e > bound
-            out = w * np.where(weighed, bound / np.where(weighed, e, 1.0), 1.0)
-        else:
-            out = w
+        weighed = ready & learned & (scale > 0.0) & (e > scale)  # a side's scale of 0 is not set yet
+        out = w * np.where(weighed, scale / np.where(weighed, e, 1.0), 1.0) if weighed.any() else w
         # each side's scale: a step toward its quantile, or, from a batch with enough rows on
         # that side to have one, a move toward the batch's own. A new arm warming up (fewer than
         # WARM rows before this batch, none of them weighed) holds the greatest of its batches'
@@ -249,18 +247,6 @@ class RobustLearning:
         rows_of[slots] += np.add.reduceat(learned.astype(np.int64), starts)
         self._restart_scales(slots[flagged])
         return out
-
-    def _leverage(self, slots: np.ndarray, starts: np.ndarray, counts: np.ndarray, X: np.ndarray, rows: np.ndarray) -> np.ndarray:
-        """``x . A^-1 x`` of the ``rows`` (a mask; rows sorted by arm) under their arms'
-        statistics as the batch finds them: the model's own variance at ``x``, in units of the
-        noise's. One stacked inverse of the arms that have such rows."""
-        arms = np.flatnonzero(np.add.reduceat(rows.astype(np.int64), starts) > 0)
-        inverse = np.linalg.inv(self._arrays["A"][slots[arms]])  # type: ignore[attr-defined]
-        h = np.empty(len(X))
-        for j, i in enumerate(arms.tolist()):
-            at = starts[i] + np.flatnonzero(rows[starts[i] : starts[i] + counts[i]])
-            h[at] = np.einsum("ij,ij->i", X[at] @ inverse[j], X[at])
-        return h[rows]
 
     def _continuous(self, slots: np.ndarray, starts: np.ndarray, counts: np.ndarray, r: np.ndarray, learned: np.ndarray) -> np.ndarray:
         """Per arm, whether its rewards so far, this batch's learned rows included, took more
