@@ -60,12 +60,13 @@ JSON). At B = 200 they run all T (a whole segment is one ``predict``, a batch on
 VW decides and learns one row at a time at any B, so it costs the same at B = 1 and is not
 capped (0.1 ms a step at 10 arms, 0.5-0.65 ms at 100).
 
-A full run (T = 20,000, seeds 0-2, B = 200 and 1) with ``--portfolio`` takes about 52 minutes on
-one core: 34 of them ours (the default portfolio, each row scored by every member before it is
-learned) and its members alone, the Fourier member the slowest; 10 VW's four explorers (one
-text example per row) and 5 the capped peers; ``--quick`` (T = 2,000, seed 0, nothing capped) about 80 s. BLAS is
-limited to one thread: every product here is small, and threads only fight each other on a
-shared machine.
+A full run (T = 20,000, seeds 0-2, B = 200 and 1) with ``--portfolio`` took 52 minutes on one
+core before robust learning (2026-11-29) and 2 hours on a busy machine with it (2026-11-30,
+beside other runs): 70 minutes of it ours (the default portfolio, each row scored by every
+member before it is learned, 30 at B = 1) and its members alone, the Fourier member the slowest;
+22 VW's four explorers (one text example per row), 13 the capped peers and 12 our single
+policies; ``--quick`` (T = 2,000, seed 0, nothing capped) about 80 s. BLAS is limited to one
+thread: every product here is small, and threads only fight each other on a shared machine.
 
 Run from the repository root::
 
