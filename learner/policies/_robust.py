@@ -50,8 +50,9 @@ ridge posterior is ``sigma^2 x . A^-1 x``. Two ways to allow for it, each agains
   2,125 -> 2,046, new_arms 832 -> 851, at B = 200 many_arms 3,044 -> 2,939, heavy_tail 1,187 ->
   1,205, the rest within 3 % at B = 1 and 0.5 % at B = 200; but an arm's first scale, set from
   its first block against a prior far wider than its rewards, came out too small and weighed
-  many of its next blocks' rows: the demo (``--events 4000 --round-size 500``) lost 0.7-3.8 % of its reward
-  online on seeds 4-7 against robust learning off (seed 7's support_templates 0.876 -> 0.820).
+  many of its next blocks' rows: the demo (``--events 4000 --round-size 500``) lost 0.7-3.8 %
+  of its reward online on seeds 4-7 against robust learning off (seed 7's support_templates
+  0.876 -> 0.820).
   Its first scales set from raw residuals brought the demo back and lost drift_abrupt (1,490);
 - the scale as here and each row's bound ``s sqrt(1 + x . A^-1 x)``: the demo within -0.04 % to
   +0.38 % of off (seeds 0-9), regret mixed within 3 % (B = 1: drift_abrupt 1,429, fifty_arms
@@ -205,7 +206,8 @@ class RobustLearning:
         scale = np.repeat(scales, counts, axis=0)[np.arange(len(e)), side]
         flagged = np.zeros(len(slots), dtype=bool) if keep is None else keep < 1.0
         learned = w > 0
-        continuous = self._continuous(slots, starts, counts, r, learned)
+        learned_rows = np.add.reduceat(learned.astype(np.int64), starts)  # per arm
+        continuous = self._continuous(slots, starts, counts, r, learned, learned_rows)
         ready = np.repeat((rows_of[slots] >= WARM) & continuous & ~flagged, counts)
         weighed = ready & learned & (scale > 0.0) & (e > scale)  # a side's scale of 0 is not set yet
         out = w * np.where(weighed, scale / np.where(weighed, e, 1.0), 1.0) if weighed.any() else w
@@ -222,9 +224,8 @@ class RobustLearning:
                 pooled[i] = float(np.quantile(e[lo:hi][learned[lo:hi]], self.huber_q))
             return pooled[i]
 
-        learning = np.add.reduceat(learned.astype(np.int64), starts) > 0
         # (an arm's update count is never below its rows since a restart, so this is a new arm's)
-        warm = (self._arrays["count"][slots] < WARM) & learning  # type: ignore[attr-defined]
+        warm = (self._arrays["count"][slots] < WARM) & (learned_rows > 0)  # type: ignore[attr-defined]
         for j in (0, 1):
             on = learned & (side == j)
             m = np.add.reduceat(on.astype(np.int64), starts)
@@ -244,17 +245,19 @@ class RobustLearning:
                     new[i] = float(np.exp((1.0 - share) * np.log(scales[i, j]) + share * np.log(quantile)))
             scales[:, j] = new
         scale_of[slots] = scales
-        rows_of[slots] += np.add.reduceat(learned.astype(np.int64), starts)
+        rows_of[slots] += learned_rows
         self._restart_scales(slots[flagged])
         return out
 
-    def _continuous(self, slots: np.ndarray, starts: np.ndarray, counts: np.ndarray, r: np.ndarray, learned: np.ndarray) -> np.ndarray:
-        """Per arm, whether its rewards so far, this batch's learned rows included, took more
-        than two values. The state keeps the least and the greatest, and the kind: 0 none yet,
+    def _continuous(
+        self, slots: np.ndarray, starts: np.ndarray, counts: np.ndarray, r: np.ndarray, learned: np.ndarray, learned_rows: np.ndarray
+    ) -> np.ndarray:
+        """Per arm, whether its rewards so far, this batch's learned rows included (``learned``,
+        ``learned_rows`` of each arm), took more than two values. The state keeps the least and the greatest, and the kind: 0 none yet,
         1 every reward one of those two, 2 another came."""
         span, kind_of = self._arrays["robust_range"], self._arrays["robust_kind"]  # type: ignore[attr-defined]
         kind = kind_of[slots]
-        settling = (kind < 2) & (np.add.reduceat(learned.astype(np.int64), starts) > 0)
+        settling = (kind < 2) & (learned_rows > 0)
         if settling.any():
             bmin = np.minimum.reduceat(np.where(learned, r, np.inf), starts)
             bmax = np.maximum.reduceat(np.where(learned, r, -np.inf), starts)
