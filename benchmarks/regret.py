@@ -90,11 +90,13 @@ stdout is one JSON object: ``{"envs": {env: {"B200": {"ours", "best_peer", "best
 ``--portfolio [JSON]`` runs each member of a portfolio alone (columns ``m0``, ``m1``, ...) and
 reports under ``portfolio`` in the JSON who the portfolio ended with per seed, its switches,
 ``picked_over_best`` (that member's regret alone over the best member's), the same over the
-last quarter of the steps (``picked_over_best_late``) and ``over_best_member`` (the portfolio's
-regret over the best member's alone). Without a value those are the default members, and the
-portfolio is "ours" itself; with other members (a JSON list) it adds the column "ours
-portfolio": a domain declared ``policy: portfolio`` with them, learning and choosing as "ours"
-does, its regret and ratio under ``variants``.
+last quarter of the steps (``picked_over_best_late``), ``over_best_member`` (the portfolio's
+regret over the best member's alone) and ``picked_vs_best`` (``_late``): whether the member it
+ended with is the best one within its interval (paired over seeds; a table shows it too).
+Without a value those are the default members, and the portfolio is "ours" itself; with other
+members (a JSON list) it adds the column "ours portfolio": a domain declared ``policy:
+portfolio`` with them, learning and choosing as "ours" does, its regret and ratio under
+``variants``.
 
 ``--variant NAME:key=value,...`` adds a column of ours with those policy parameters over the
 defaults (JSON values), e.g. ``--variant 'ours+detect:detect=true'``; its regret and ratio to
@@ -623,7 +625,12 @@ class Suite:
         member's (1.0: it picked the best); ``picked_over_best_late``, the same over the last
         quarter of the steps (which member did best by the end); ``over_best_member``, the
         portfolio's own regret over the best member's alone (below 1: choosing online cost less
-        than knowing the best member beforehand)."""
+        than knowing the best member beforehand). ``picked_vs_best`` (and ``_late``) answers
+        whether it picked the member the suite shows best, within its interval: the best member
+        (least mean regret alone over the seeds), the mean over seeds of the ended-with member's
+        regret alone less the best's on the same seed, that difference's 95 % t interval (paired
+        by seed; None with one seed), and ``within``: the interval reaches zero or below, so the
+        member picked is not shown worse than the best."""
         columns = member_columns(self.cfg.members)
         runs = {label: self.outcomes[env, batch, column] for column, label, _ in columns}
         ours = self.outcomes[env, batch, self.portfolio_column]
@@ -636,6 +643,22 @@ class Suite:
             return (outcome.late if late else outcome.total) / best_alone(i, late)
 
         ended = [(i, label) for i, (label, _) in enumerate(self.acting[env, batch]) if label in runs]
+
+        def picked_vs_best(late: bool = False) -> dict[str, Any] | None:
+            if not runs or not ended:
+                return None
+            regret = {label: [o.late if late else o.total for o in outcomes] for label, outcomes in runs.items()}
+            best = min(regret, key=lambda label: float(np.mean(regret[label])))
+            diffs = np.array([regret[label][i] - regret[best][i] for i, label in ended])
+            mean = float(diffs.mean())
+            if len(diffs) < 2:
+                return {"best": best, "picked_minus_best": mean, "interval": None, "within": None}
+            from scipy.stats import t as student_t
+
+            half = float(student_t.ppf(0.975, len(diffs) - 1) * diffs.std(ddof=1) / np.sqrt(len(diffs)))
+            interval = [mean - half, mean + half]
+            return {"best": best, "picked_minus_best": mean, "interval": interval, "within": interval[0] <= 0.0}
+
         return {
             "acting": [label for label, _ in self.acting[env, batch]],
             "switches": [n for _, n in self.acting[env, batch]],
@@ -644,6 +667,8 @@ class Suite:
             "picked_over_best": [over_best(label, i) for i, label in ended],
             "picked_over_best_late": [over_best(label, i, late=True) for i, label in ended],
             "over_best_member": [o.total / best_alone(i) for i, o in enumerate(ours)] if runs else [],
+            "picked_vs_best": picked_vs_best(),
+            "picked_vs_best_late": picked_vs_best(late=True),
         }
 
     def results(self) -> dict[str, Any]:
@@ -710,6 +735,37 @@ class Suite:
                 f"*: the first {cfg.b1_cap:,} steps only (per-row refits are slow), so not a candidate for best "
                 "peer over T; the next table compares every learner over those steps"
             )
+        return table
+
+    def portfolio_table(self) -> Table | None:
+        """Per environment and batch size: the best member alone, whom the portfolio ended with,
+        and whether that is the best within its interval (``picked_vs_best``), over T and over
+        the last quarter."""
+        if not self.cfg.members:
+            return None
+        table = Table(title="Portfolio: the member it ends with against the best member alone (paired over seeds, 95 %)",
+                      title_justify="left")  # fmt: skip
+        for column in ("environment", "B", "best member (T)", "ended with, per seed", "picked - best (T)", "within",
+                       "best member (last quarter)", "picked - best (last quarter)", "within"):  # fmt: skip
+            table.add_column(column, justify="right" if column.startswith("picked") else "left")
+        columns = {label: column for column, label, _ in member_columns(self.cfg.members)}
+
+        def cells(verdict: dict[str, Any] | None) -> list[str]:
+            if verdict is None:
+                return ["-", "-", "-"]
+            lo_hi = verdict["interval"]
+            spread = "" if lo_hi is None else f" [{lo_hi[0]:,.0f}, {lo_hi[1]:,.0f}]"
+            within = "-" if verdict["within"] is None else ("yes" if verdict["within"] else "NO")
+            return [columns.get(verdict["best"], verdict["best"]), f"{verdict['picked_minus_best']:,.0f}{spread}", within]
+
+        for env in self.cfg.envs:
+            for batch in self.cfg.batch_sizes:
+                if not self.acting.get((env, batch)):
+                    continue
+                figures = self.portfolio_figures(env, batch)
+                total, late = cells(figures["picked_vs_best"]), cells(figures["picked_vs_best_late"])
+                ended = ", ".join(columns.get(label, label) for label in figures["acting"])
+                table.add_row(env, str(batch), total[0], ended, *total[1:], *late)
         return table
 
     def timing_table(self) -> Table:
@@ -889,6 +945,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             out.print(suite.table(batch, at_cap=True))
     for column, label, _ in member_columns(cfg.members):
         out.print(f"{column}: portfolio member {label}, alone")
+    if (portfolio := suite.portfolio_table()) is not None:
+        out.print(portfolio)
     out.print(suite.timing_table())
     for note in notes:
         out.print(f"[yellow]note:[/] {note}")

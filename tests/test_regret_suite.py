@@ -24,7 +24,11 @@ def test_two_processes_give_the_figures_and_plot_of_one(capsys, tmp_path):
     assert one == two
     assert set(one["envs"]) == {"linear", "new_arms"} and set(one["envs"]["linear"]) == {"B100", "B1"}
     assert one["envs"]["linear"]["B100"]["ours"] > 0 and one["envs"]["linear"]["B100"]["best_peer_name"].startswith("VW")
-    assert len(one["envs"]["new_arms"]["B1"]["portfolio"]["acting"]) == 2  # one per seed, from the workers
+    portfolio = one["envs"]["new_arms"]["B1"]["portfolio"]
+    assert len(portfolio["acting"]) == 2  # one per seed, from the workers
+    verdict = portfolio["picked_vs_best"]
+    assert verdict["best"] in portfolio["members"] and verdict["interval"][0] <= verdict["picked_minus_best"] <= verdict["interval"][1]
+    assert verdict["within"] == (verdict["interval"][0] <= 0.0)
     assert (tmp_path / "j1" / "regret-curves.png").read_bytes() == (tmp_path / "j2" / "regret-curves.png").read_bytes()
 
 
@@ -33,3 +37,29 @@ def test_jobs_must_not_be_negative(capsys):
         regret.parse_args(["--jobs", "-1"])
     assert exit_info.value.code == 2
     assert "--jobs needs 0 (one per CPU) or a positive number" in capsys.readouterr().err
+
+
+def test_picked_vs_best_is_the_paired_t_interval_by_hand():
+    """Three seeds; the portfolio ended with m1, m0, m1; m0 has the least mean regret alone."""
+    members = tuple(regret.PORTFOLIO)
+    cfg = regret.SuiteConfig(steps=100, seeds=(0, 1, 2), batch_sizes=(100,), envs=("linear",), members=members)
+    specs, _ = regret.learner_specs((), (), members)
+    suite = regret.Suite(cfg, specs, progress=None)  # type: ignore[arg-type]
+    labels = [label for _, label, _ in regret.member_columns(members)]
+    alone = {"m0": [100.0, 110.0, 90.0], "m1": [130.0, 120.0, 96.0], "m2": [400.0, 500.0, 450.0]}
+    for column, totals in alone.items():
+        suite.outcomes["linear", 100, column] = [regret.Outcome(x, x, x / 4, 100, 0.0) for x in totals]
+    suite.acting["linear", 100] = [(labels[1], 1), (labels[0], 0), (labels[1], 1)]
+    verdict = suite.portfolio_figures("linear", 100)["picked_vs_best"]
+    diffs = [130 - 100, 110 - 110, 96 - 90]  # 30, 0, 6: mean 12, sd sqrt(252), t(0.975, 2) = 4.302653
+    half = 4.302653 * 252**0.5 / 3**0.5
+    assert verdict["best"] == labels[0]
+    assert verdict["picked_minus_best"] == pytest.approx(12.0)
+    assert verdict["interval"] == pytest.approx([12.0 - half, 12.0 + half], rel=1e-6)
+    assert verdict["within"] is True  # 12 - 39.1 < 0: not shown worse with three seeds
+    suite.acting["linear", 100] = [(labels[1], 1)] * 3  # m1 on every seed: 30, 10, 6, mean 15.3, sd 12.9
+    assert suite.portfolio_figures("linear", 100)["picked_vs_best"]["within"] is True
+    alone["m1"] = [130.0, 140.0, 120.0]  # 30 worse on every seed: sd 0, shown worse
+    suite.outcomes["linear", 100, "m1"] = [regret.Outcome(x, x, x / 4, 100, 0.0) for x in alone["m1"]]
+    verdict = suite.portfolio_figures("linear", 100)["picked_vs_best"]
+    assert verdict["interval"] == pytest.approx([30.0, 30.0]) and verdict["within"] is False
