@@ -85,7 +85,13 @@ Run from the repository root::
 Progress goes to stderr; a table per batch size to stdout, the cumulative-regret curves (B = 200,
 mean over seeds, one panel per environment) to ``OUT/regret-curves.png``, and the last line of
 stdout is one JSON object: ``{"envs": {env: {"B200": {"ours", "best_peer", "best_peer_name",
-"ratio", "variants"}, "B1": {...}}}, "T", "seeds", "held_out", ...}``.
+"ratio", "floor_bound", "floor_bound_ratio", "variants"}, "B1": {...}}}, "T", "seeds",
+"held_out", ...}``. ``floor_bound`` bounds ours' expected regret from below whatever it learns:
+its first batch is decided before any feedback (uniformly: every arm starts at the same prior),
+and every decision after mixes in ``eps0`` of a uniform choice (the exploration floor that keeps
+its log useful for off-policy evaluation), so it expects at least the uniform choice's regret
+over the first batch plus ``eps0`` times it over the rest. Where ``floor_bound_ratio`` is above
+a target ratio, no learning reaches that target with this floor.
 
 ``--portfolio [JSON]`` runs each member of a portfolio alone (columns ``m0``, ``m1``, ...) and
 reports under ``portfolio`` in the JSON who the portfolio ended with per seed, its switches,
@@ -521,6 +527,10 @@ class Suite:
         self.progress = progress
         self.outcomes: dict[tuple[str, int, str], list[Outcome]] = defaultdict(list)
         self.uniform: dict[str, list[tuple[float, float]]] = defaultdict(list)  # (total, at cap)
+        #: (env, batch) -> per seed, the least regret ours can expect with its floor (floor_bound)
+        self.floor_bounds: dict[tuple[str, int], list[float]] = defaultdict(list)
+        #: the default's exploration floor: every decision mixes in eps0 / K
+        self.eps0 = float(DomainSettings().make_policy(seed=0).eps0)
         self.curves: dict[str, dict[str, np.ndarray]] = defaultdict(dict)  # summed over seeds
         #: (env, batch) -> per seed, the portfolio's acting member at the end and its switches
         self.acting: dict[tuple[str, int], list[tuple[str, int]]] = defaultdict(list)
@@ -545,6 +555,8 @@ class Suite:
                 self.shapes[env] = stream.shape
                 gap = stream.best() - stream.uniform()
                 self.uniform[env].append((float(gap.sum()), float(gap[: cfg.b1_cap].sum())))
+                for batch in cfg.batch_sizes:
+                    self.floor_bounds[env, batch].append(float(gap[:batch].sum() + self.eps0 * gap[batch:].sum()))
                 self._add_curve(env, "uniform", gap)
         if jobs == 1:
             for cell in cells:
@@ -609,6 +621,11 @@ class Suite:
             best = min(peers, key=lambda name: self.mean(env, batch, name, at_cap))
             best_regret = self.mean(env, batch, best, at_cap)
             figures |= {"best_peer": best_regret, "best_peer_name": best, "ratio": ours / best_regret}
+        if not at_cap:
+            bound = float(np.mean(self.floor_bounds[env, batch]))
+            figures["floor_bound"] = bound
+            if peers:
+                figures["floor_bound_ratio"] = bound / figures["best_peer"]
         if self.cfg.variants:
             figures["variants"] = {
                 name: {"ours": regret, **({"ratio": regret / figures["best_peer"]} if peers else {})}
@@ -710,7 +727,7 @@ class Suite:
         table = Table(title=f"{title}, mean of {len(cfg.seeds)} seed(s); lower is better", title_justify="left")
         table.add_column("env")
         table.add_column("K, d")
-        for column in ("uniform", *(s.name for s in self.specs), "best peer", "ratio"):
+        for column in ("uniform", *(s.name for s in self.specs), "best peer", "ratio", *(() if at_cap else ("floor bound",))):
             table.add_column(column, justify="right")
         for env in cfg.envs:
             figures = self.headline(env, batch, at_cap)
@@ -729,12 +746,22 @@ class Suite:
                 tail = [figures["best_peer_name"], f"[{colour}]{figures['ratio']:.2f}[/]"]
             else:
                 tail = ["", ""]
+            if not at_cap:
+                bound = f"{figures['floor_bound']:,.0f}"
+                tail.append(f"{bound} ({figures['floor_bound_ratio']:.2f})" if "floor_bound_ratio" in figures else bound)
             table.add_row(label, self.shapes[env], f"{uniform:,.0f}", *cells, *tail)
+        captions = []
+        if not at_cap:
+            captions.append(
+                f"floor bound: the least regret ours can expect with its floor (its first batch is uniform, and every "
+                f"decision after mixes in eps0 = {self.eps0:g} of uniform), and over the best peer's"
+            )
         if not at_cap and batch == 1 and cfg.capped:
-            table.caption = (
+            captions.append(
                 f"*: the first {cfg.b1_cap:,} steps only (per-row refits are slow), so not a candidate for best "
                 "peer over T; the next table compares every learner over those steps"
             )
+        table.caption = "\n".join(captions) or None
         return table
 
     def portfolio_table(self) -> Table | None:

@@ -32,6 +32,19 @@ def test_two_processes_give_the_figures_and_plot_of_one(capsys, tmp_path):
     assert (tmp_path / "j1" / "regret-curves.png").read_bytes() == (tmp_path / "j2" / "regret-curves.png").read_bytes()
 
 
+def test_floor_bound_is_the_first_batch_uniform_and_the_floor_after(capsys, tmp_path):
+    argv = ["--steps", "400", "--seeds", "0,1", "--envs", "wine", "--batch-sizes", "100,1", "--peers", "vw",
+            "--out", str(tmp_path)]  # fmt: skip
+    assert regret.main(argv) == 0
+    figures = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["envs"]["wine"]
+    for batch in (100, 1):
+        gaps = [s.best() - s.uniform() for s in (regret.generate("wine", 400, seed) for seed in (0, 1))]
+        by_hand = sum(g[:batch].sum() + 0.01 * g[batch:].sum() for g in gaps) / 2  # the default's floor: 0.01
+        cell = figures[f"B{batch}"]
+        assert cell["floor_bound"] == pytest.approx(by_hand, abs=0.06)  # the JSON rounds
+        assert cell["floor_bound_ratio"] == pytest.approx(cell["floor_bound"] / cell["best_peer"], rel=1e-2)
+
+
 def test_jobs_must_not_be_negative(capsys):
     with pytest.raises(SystemExit) as exit_info:
         regret.parse_args(["--jobs", "-1"])
