@@ -113,6 +113,7 @@ from __future__ import annotations
 
 import argparse
 import bisect
+import concurrent.futures
 import functools
 import itertools
 import json
@@ -570,16 +571,20 @@ class Suite:
         # seeded streams; they take the longest cells first (B = 1: the batch sizes sort first).
         global _WORKER
         _WORKER = (cfg, self.specs)
+        # A worker that dies (killed, out of memory) breaks the pool, which raises here rather
+        # than waiting for its cell forever.
         order = sorted(cells, key=lambda cell: (cell[2], cell[3]))
-        pool = multiprocessing.get_context("fork").Pool(jobs, initializer=_init_worker)
+        context = multiprocessing.get_context("fork")
+        pool = concurrent.futures.ProcessPoolExecutor(jobs, mp_context=context, initializer=_init_worker)
         try:
-            for cell, result in pool.imap_unordered(_worker_cell, order):
+            for future in concurrent.futures.as_completed([pool.submit(_worker_cell, cell) for cell in order]):
+                cell, result = future.result()
                 done[cell] = result
                 env, seed, batch, i = cell
                 self.progress.update(task, description=f"{env} seed {seed} B={batch} {self.specs[i].name}")
                 self.progress.advance(task)
         finally:
-            pool.terminate()
+            pool.shutdown(wait=True, cancel_futures=True)
             _WORKER = None
         for cell in cells:
             self._record(cell, done[cell])
@@ -915,6 +920,8 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[SuiteConfig, list[str
         parser.error("--batch-sizes needs positive integers")
     if args.jobs < 0:
         parser.error(f"--jobs needs 0 (one per CPU) or a positive number of processes, got {args.jobs}")
+    if args.jobs != 1 and "fork" not in multiprocessing.get_all_start_methods():
+        parser.error("--jobs other than 1 needs processes started by fork (Linux), which this platform lacks")
     members = json.loads(args.portfolio) if args.portfolio else []
     steps = args.steps or (2_000 if args.quick else SuiteConfig.steps)
     seeds = args.seeds or ((0,) if args.quick else SuiteConfig.seeds)
