@@ -85,8 +85,10 @@ Run from the repository root::
 Progress goes to stderr; a table per batch size to stdout, the cumulative-regret curves (B = 200,
 mean over seeds, one panel per environment) to ``OUT/regret-curves.png``, and the last line of
 stdout is one JSON object: ``{"envs": {env: {"B200": {"ours", "best_peer", "best_peer_name",
-"ratio", "floor_bound", "floor_bound_ratio", "variants"}, "B1": {...}}}, "T", "seeds",
-"held_out", ...}``. ``floor_bound`` bounds ours' expected regret from below whatever it learns:
+"ratio", "ratio_by_seed", "floor_bound", "floor_bound_ratio", "variants"}, "B1": {...}}}, "T", "seeds",
+"held_out", ...}``. ``ratio`` is ours' mean regret over the best peer's (the peer with the
+least mean regret); ``ratio_by_seed`` is each seed's ours over the least regret any peer had on
+that seed. ``floor_bound`` bounds ours' expected regret from below whatever it learns:
 its first batch is decided before any feedback (uniformly: every arm starts at the same prior),
 and every decision after mixes in ``eps0`` of a uniform choice (the exploration floor that keeps
 its log useful for off-policy evaluation), so it expects at least the uniform choice's regret
@@ -626,6 +628,15 @@ class Suite:
             best = min(peers, key=lambda name: self.mean(env, batch, name, at_cap))
             best_regret = self.mean(env, batch, best, at_cap)
             figures |= {"best_peer": best_regret, "best_peer_name": best, "ratio": ours / best_regret}
+
+            def regret(name: str, i: int) -> float:
+                outcome = self.outcomes[env, batch, name][i]
+                return outcome.at_cap if at_cap else outcome.total
+
+            # each seed against the best peer on that seed (the least regret of any peer there)
+            figures["ratio_by_seed"] = [
+                regret("ours", i) / max(min(regret(name, i) for name in peers), 1e-9) for i in range(len(self.cfg.seeds))
+            ]
         if not at_cap:
             bound = float(np.mean(self.floor_bounds[env, batch]))
             figures["floor_bound"] = bound

@@ -43,6 +43,21 @@ def test_floor_bound_is_the_first_batch_uniform_and_the_floor_after(capsys, tmp_
         cell = figures[f"B{batch}"]
         assert cell["floor_bound"] == pytest.approx(by_hand, abs=0.06)  # the JSON rounds
         assert cell["floor_bound_ratio"] == pytest.approx(cell["floor_bound"] / cell["best_peer"], rel=1e-2)
+        assert len(cell["ratio_by_seed"]) == 2 and all(x > 0 for x in cell["ratio_by_seed"])
+
+
+def test_ratio_by_seed_is_against_each_seeds_best_peer():
+    cfg = regret.SuiteConfig(steps=100, seeds=(0, 1), batch_sizes=(100,), envs=("linear",))
+    specs, _ = regret.learner_specs(("vw",))
+    suite = regret.Suite(cfg, specs, progress=None)  # type: ignore[arg-type]
+    totals = {"ours": [60.0, 90.0], "VW SquareCB": [100.0, 50.0], "VW bag 5": [80.0, 120.0]}
+    for spec in specs:
+        runs = totals.get(spec.name, [500.0, 500.0])
+        suite.outcomes["linear", 100, spec.name] = [regret.Outcome(x, x, x / 4, 100, 0.0) for x in runs]
+    suite.floor_bounds["linear", 100] = [10.0, 10.0]
+    figures = suite.headline("linear", 100)
+    assert figures["best_peer_name"] == "VW SquareCB" and figures["ratio"] == pytest.approx(75.0 / 75.0)
+    assert figures["ratio_by_seed"] == pytest.approx([60.0 / 80.0, 90.0 / 50.0])  # bag 5 best on seed 0
 
 
 def test_jobs_must_not_be_negative(capsys):
