@@ -11,11 +11,12 @@ Every peer runs in the same process, on the same seeded data, in the same run:
    is measured again with the log on (``*_portfolio_wal``: ``learn.wal = true``), and LinUCB with
    BLAS's own threads (``*_blas_default``: a process that does not limit them), because small
    per-arm products can thrash a multi-threaded BLAS on a busy machine (at d=128 the portfolio
-   learned 37,000-52,000 rows/s with them and 50,000-54,000 with one, 2026-11-30). MABWiser gets the same batches through ``LinUCB.partial_fit``. VW gets
-   the same rows through ``--cb_explore_adf -q sa`` on the Python API, one multi-line example per
-   row (a shared line with the context, one line per arm, the logged arm's line labelled
-   ``arm:cost:probability`` with cost = -reward), the text built from the numpy rows with one
-   %-template per row inside the timed loop and handed to ``Workspace.learn`` as a list of lines.
+   learned 37,000-52,000 rows/s with them and 50,000-54,000 with one, 2026-11-30). MABWiser gets
+   the same batches through ``LinUCB.partial_fit``. VW gets the same rows through
+   ``--cb_explore_adf -q sa`` on the Python API, one multi-line example per row (a shared line
+   with the context, one line per arm, the logged arm's line labelled ``arm:cost:probability``
+   with cost = -reward), the text built from the numpy rows with one %-template per row inside
+   the timed loop and handed to ``Workspace.learn`` as a list of lines.
    That is the fastest path found that trains the same model: the example API
    (``Workspace.example`` from feature dicts) was about a third slower, and sending only the shared
    line and the logged arm's line is faster but trains a different model. Every throughput is

@@ -85,15 +85,15 @@ Run from the repository root::
 Progress goes to stderr; a table per batch size to stdout, the cumulative-regret curves (B = 200,
 mean over seeds, one panel per environment) to ``OUT/regret-curves.png``, and the last line of
 stdout is one JSON object: ``{"envs": {env: {"B200": {"ours", "best_peer", "best_peer_name",
-"ratio", "ratio_by_seed", "floor_bound", "floor_bound_ratio", "variants"}, "B1": {...}}}, "T", "seeds",
-"held_out", ...}``. ``ratio`` is ours' mean regret over the best peer's (the peer with the
-least mean regret); ``ratio_by_seed`` is each seed's ours over the least regret any peer had on
-that seed. ``floor_bound`` bounds ours' expected regret from below whatever it learns:
-its first batch is decided before any feedback (uniformly: every arm starts at the same prior),
-and every decision after mixes in ``eps0`` of a uniform choice (the exploration floor that keeps
-its log useful for off-policy evaluation), so it expects at least the uniform choice's regret
-over the first batch plus ``eps0`` times it over the rest. Where ``floor_bound_ratio`` is above
-a target ratio, no learning reaches that target with this floor.
+"ratio", "ratio_by_seed", "floor_bound", "floor_bound_ratio", "variants"}, "B1": {...}}}, "T",
+"seeds", "held_out", ...}``. ``ratio`` is ours' mean regret over the best peer's (the peer with
+the least mean regret); ``ratio_by_seed`` is each seed's ours over the least regret any peer had
+on that seed. ``floor_bound`` bounds ours' expected regret from below whatever it learns: its
+first batch is decided before any feedback (uniformly: every arm starts at the same prior), and
+every decision after mixes in ``eps0`` of a uniform choice (the exploration floor that keeps its
+log useful for off-policy evaluation), so it expects at least the uniform choice's regret over
+the first batch plus ``eps0`` times it over the rest. Where ``floor_bound_ratio`` is above a
+target ratio, no learning reaches that target with this floor.
 
 ``--portfolio [JSON]`` runs each member of a portfolio alone (columns ``m0``, ``m1``, ...) and
 reports under ``portfolio`` in the JSON who the portfolio ended with per seed, its switches,

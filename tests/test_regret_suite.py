@@ -1,4 +1,5 @@
-"""benchmarks/regret.py: the figures do not depend on how many processes run the cells."""
+"""benchmarks/regret.py: the figures do not depend on how many processes run the cells; the
+floor bound, the per-seed ratios and the portfolio's verdict are what they say, by hand."""
 
 import json
 
