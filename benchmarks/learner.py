@@ -3,10 +3,11 @@
 Every peer runs in the same process, on the same seeded data, in the same run:
 
 1. Update throughput: 20 arms, batches of 1,000 labelled rows at d=32 and d=128. Ours runs the
-   worker's loop: ``update_batch`` (rank-k: A += X^T W X, b += X^T W r), then one
-   ``Shard.apply`` through ``learner.store`` holding every touched arm's state and the consumed
-   offset (one RocksDB write batch), with the learner's durability (no write-ahead log, a flush
-   every 5,000 rows); the rate includes that write. BLAS is limited to one thread, as the learner
+   worker's loop: ``update_batch`` (rank-k: A += X^T W X, b += X^T W r) per batch and, every
+   5,000 rows, where the worker publishes, one ``Shard.apply`` through ``learner.store`` holding
+   the state of every arm learned since the last and the consumed offset (one RocksDB write
+   batch), then a flush: the learner's durability (no write-ahead log; 2026-11-30, before which
+   the worker wrote every block, flushing as often); the rate includes that write. BLAS is limited to one thread, as the learner
    worker limits it (``banditstream learn``), for ours and the peers alike. The default portfolio
    is measured again with the log on (``*_portfolio_wal``: ``learn.wal = true``), and LinUCB with
    BLAS's own threads (``*_blas_default``: a process that does not limit them), because small
@@ -417,14 +418,14 @@ def best_rate(measure: Callable[[], float], repeats: int) -> float:
 
 
 def ours_update_rate(rows: LabelledRows, cfg: BenchConfig, batches: int, policy: str, wal: bool | None = None) -> float:
-    """Rows/s of the worker's loop: ``update_batch``, then one ``Shard.apply`` per batch holding
-    every touched arm's state and the consumed offset (one RocksDB write batch), with the
-    learner's default durability: no write-ahead log, and a flush of the shard every
-    ``emit_every_updates`` rows, where the worker publishes (at these rates it publishes by
-    count, not by time). The worker starts that flush in the background and waits for it
-    before it commits, while its records go to Kafka; without Kafka here, the whole flush is
-    waited for. ``wal=True``: the store's own default instead, the log on and no flushes (the
-    learner's ``learn.wal = true``)."""
+    """Rows/s of the worker's loop: ``update_batch`` per batch, with the learner's default
+    durability: no write-ahead log, and every ``emit_every_updates`` rows, where the worker
+    publishes (at these rates it publishes by count, not by time), one ``Shard.apply`` holding
+    the state of every arm learned since the last and the consumed offset (one RocksDB write
+    batch), then a flush of the shard. The worker starts that flush in the background and waits
+    for it before it commits, while its records go to Kafka; without Kafka here, the whole flush
+    is waited for. ``wal=True``: the store's own default instead, the log on, one ``Shard.apply``
+    per batch and no flushes (the learner's ``learn.wal = true``)."""
     from learner.policies import make_policy
     from learner.store import ArmKey, ArmState, PosteriorStore
     from streams.learn import LearnerOptions
@@ -441,21 +442,30 @@ def ours_update_rate(rows: LabelledRows, cfg: BenchConfig, batches: int, policy:
         shard = store.shard(0)
         offset = 0
 
-        def step(X: np.ndarray, arms: list[str], rewards: np.ndarray) -> None:
-            nonlocal offset
-            touched = learner.update_batch(X, arms, rewards)
-            published = offset // options.emit_every_updates
-            offset += len(arms)
-            if not options.wal and offset // options.emit_every_updates > published:
-                shard.flush(wait=True)  # as the worker does by the time its publication commits
-            blobs = learner.arm_states_bytes(touched)  # as the worker encodes a block's arms
+        unsaved: set[str] = set()
+
+        def write() -> None:
+            arms = sorted(unsaved)
+            blobs = learner.arm_states_bytes(arms)  # as the worker encodes a write's arms
             shard.apply(
                 {
                     ArmKey("bench", "main", "route", arm): ArmState(policy, dim, learner.update_count(arm), blob)
-                    for arm, blob in zip(touched, blobs)
+                    for arm, blob in zip(arms, blobs)
                 },
                 {source: offset},
             )
+            unsaved.clear()
+
+        def step(X: np.ndarray, arms: list[str], rewards: np.ndarray) -> None:
+            nonlocal offset
+            unsaved.update(learner.update_batch(X, arms, rewards))
+            published = offset // options.emit_every_updates
+            offset += len(arms)
+            if options.wal:
+                write()  # every block as it is folded
+            elif offset // options.emit_every_updates > published:
+                write()  # the blocks since the last publication, as the worker writes them when it publishes,
+                shard.flush(wait=True)  # and flushes them by the time its publication commits
 
         for batch in warmup:
             step(*batch)
@@ -643,9 +653,9 @@ class Bench:
             self.progress.advance(task)
         self.results["update_method"] = (
             f"lin_ucb (lin_ts shares its update), {cfg.update_arms} arms, {cfg.update_batch_rows:,}-row batches, "
-            f"update_batch + one Shard.apply (touched arms + offset) per batch, the learner's durability "
-            f"(no WAL, a flush every {LearnerOptions().emit_every_updates:,} rows, waited for), one BLAS thread as the "
-            f"worker runs (peers too); best of {cfg.repeats} runs"
+            f"update_batch per batch, every {LearnerOptions().emit_every_updates:,} rows one Shard.apply (the arms "
+            f"learned since + offset) and a flush, waited for: the learner's durability (no WAL); one BLAS thread as "
+            f"the worker runs (peers too); best of {cfg.repeats} runs"
         )
         self.results["vw_update_method"] = (
             f"Workspace.learn(list of text lines) per row, all {cfg.update_arms} ADF arms, -q sa, "

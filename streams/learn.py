@@ -22,7 +22,9 @@ The workflow, in the order a record meets it:
    is every record with ``k*B <= offset < (k+1)*B`` (``B = options.block_size``). A complete
    block is deduplicated, grouped by domain and folded with one rank-k ``update_batch`` per
    domain; the touched models' states and the offset ``(k+1)*B`` are written in one RocksDB
-   write batch (:meth:`learner.store.Shard.apply`). Nothing else is ever persisted, so the
+   write batch (:meth:`learner.store.Shard.apply`): each block as it is folded with
+   ``options.wal``, else every block folded since the last publication at the next one (one
+   write of each changed model instead of one per block). Nothing else is ever persisted, so the
    stored state is always "blocks 0..k folded, in order, from the prior", whatever polls,
    crashes and restarts did: floating-point sums, forgetting and refactorisation see the same
    sequence, and a worker restarting on its own disk reproduces the uninterrupted run **bit
@@ -98,7 +100,7 @@ import shutil
 import signal
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -204,8 +206,9 @@ class LearnerOptions:
     #: How long reading the posterior topic for a rebuild may take.
     rebuild_timeout_s: float = 120.0
     #: Write RocksDB's write-ahead log. Off by default: the updates topic is the log. Each
-    #: publication flushes the shards before it commits, and a crash loses only the blocks
-    #: since then, which the restart reads again from the topic and folds to the same bytes.
+    #: publication writes the blocks folded since the last one and flushes the shards before it
+    #: commits, and a crash loses only the blocks since then, which the restart reads again from
+    #: the topic and folds to the same bytes. With it on every block is written as it is folded.
     #: Turn it on when the topic's retention may not outlast the time between publications.
     wal: bool = False
 
@@ -270,8 +273,8 @@ class Learner:
         self.assigned = Gauge("banditstream_partitions_assigned", "Updates partitions owned.", ["worker"], registry=registry_)
         self.stored_offset = Gauge(
             "banditstream_learner_stored_offset",
-            "Offset after the last block written to the store, per partition (on disk by the next "
-            "publication's flush when learn.wal is off).",
+            "Offset after the last block written to the store, per partition (every block with "
+            "learn.wal on; with it off, each publication writes and flushes the blocks folded since the last).",
             ["partition"], registry=registry_,
         )  # fmt: skip
 
@@ -479,7 +482,8 @@ class Learner:
         Returns whether every publication was delivered. On failure nothing is committed and
         the models stay marked as changed, so the next publication carries them again.
         """
-        if not self.options.wal:  # the blocks folded so far: to disk while the records go out
+        if not self.options.wal:  # the blocks folded so far: written, then to disk while the records go out
+            self._persist(partitions)
             self._flush_stores(partitions, wait=False)
         posterior = self.config.topics.posterior
         produced: list[tuple[int, int, set[ArmKey]]] = []
@@ -542,6 +546,14 @@ class Learner:
             log.warning("offsets not committed: %d dead letters not acknowledged; sending them again",
                         self.dead_letters.outstanding)
         return True
+
+    def _persist(self, partitions: Iterable[int]) -> None:
+        """Write each shard's folded blocks not written yet (learn.wal off: see
+        :meth:`ShardLearner.persist`)."""
+        for partition in partitions:
+            shard = self._shards.get(partition)
+            if shard is not None and shard.persist():
+                self.stored_offset.labels(str(partition)).set(shard.stored_offset or 0)
 
     def _flush_stores(self, partitions: list[int], *, wait: bool) -> None:
         for partition in partitions:
@@ -613,8 +625,9 @@ class Learner:
         tps = [TopicPartition(self.topic, p) for p in partitions]
         committed = {tp.partition: tp.offset for tp in consumer.committed(tps, timeout=10) if tp.offset >= 0}
         common = dict(
-            block_size=self.options.block_size, window_blocks=self.options.window_blocks, on_block=self._on_block
-        )
+            block_size=self.options.block_size, window_blocks=self.options.window_blocks, on_block=self._on_block,
+            persist_every_block=self.options.wal,  # without the log, a write lasts only once flushed: see _publish
+        )  # fmt: skip
         shards: dict[int, ShardLearner] = {}
         rebuild: dict[int, tuple[Any, int]] = {}
         lows: dict[int, int] = {}
@@ -679,6 +692,10 @@ class Learner:
         return shard
 
     def _close(self, shard: ShardLearner) -> None:
+        try:
+            shard.persist()  # the blocks folded since the last publication (closing flushes them)
+        except Exception:  # closing goes on: the restart folds those blocks again from the topic
+            log.exception("shard %d: could not write its last blocks before closing", shard.partition)
         self.store.close_shard(shard.partition)
 
     # -- shutdown --------------------------------------------------------------------------

@@ -490,6 +490,41 @@ def test_restarts_at_any_offsets_fold_the_same_blocks_bit_for_bit(tmp_path, bloc
         assert fold(tmp_path / f"restarted-{trial}", restarts) == uninterrupted, restarts
 
 
+def test_a_shard_that_writes_at_publication_stores_the_bytes_of_one_that_writes_every_block(tmp_path):
+    """``persist_every_block=False`` (the learner without its write-ahead log): nothing reaches
+    the store until :meth:`ShardLearner.persist`, which then writes what writing every block
+    would hold at the last folded block, and a restart from it folds on to the same bytes."""
+    domains = {name: DomainModel.of(settings) for name, settings in h.domain_settings().items()}
+    stream = h.make_updates(3_000, seed=11)
+    updates = [Update(o, u["event_id"], h.model_key(u), u["features"], u["reward"], u["weight"], u["mode"]) for o, u in enumerate(stream)]
+
+    def run(root: Path, every_block: bool, stops: list[int]) -> list[tuple[int | None, dict]]:
+        seen = []
+        with PosteriorStore(root) as store:
+            start = 0
+            for stop in stops:
+                db = store.shard(0)
+                shard = ShardLearner(0, "u", domains, db, block_size=64, window_blocks=4,
+                                     start=db.offsets().get(("u", 0), 0), persist_every_block=every_block)  # fmt: skip
+                shard.load_stored()
+                for offset in range(shard.warm_offset(), stop):  # the window's records, then from the stored offset on
+                    shard.feed(offset, updates[offset])
+                if not every_block:
+                    before = store.shard(0).offsets().get(("u", 0))
+                    assert before == (None if start == 0 else start // 64 * 64)  # nothing written since the last
+                    assert shard.persist() and not shard.persist()  # the second has nothing due
+                seen.append((store.shard(0).offsets().get(("u", 0)), dict(store.shard(0).arms())))
+                store.close_shard(0)  # a restart from the store: the trailing block is read again
+                start = stop
+        return seen
+
+    stops = [1_000, 2_000, 3_000]
+    every_block = run(tmp_path / "every-block", True, stops)
+    at_publication = run(tmp_path / "at-publication", False, stops)
+    assert [offset for offset, _ in every_block] == [960, 1984, 2944]
+    assert at_publication == every_block
+
+
 def test_state_of_the_old_default_policy_is_taken_into_the_default_portfolio(tmp_path):
     """A domain that names no policy ran lin_igw; the default is now a portfolio of lin_igw and
     lin_igw forgetting. Its stored lin_igw state is taken in by both members (and stored and
