@@ -14,9 +14,11 @@ With ``persist_every_block=False`` (the learner's default, its write-ahead log o
 waits for :meth:`ShardLearner.persist`, which the worker calls when it publishes, just before it
 flushes the store: one write batch of every model changed since the last one and the offset of
 the last folded block. Without the log only a flush makes a write survive a crash, so writing
-each block to the memtable kept nothing more; it cost the default portfolio a third of its
-update (each touched arm's state encoded, checksummed and written every block, where once per
-publication writes the same bytes). What a crash leaves is the same: the blocks up to the last
+each block to the memtable kept nothing more; it cost the default portfolio a quarter to a
+third of its update at d=32 (each touched arm's state encoded, checksummed and written every
+block, where once per publication writes the same bytes: ``benchmarks/learner.py``'s loop,
+one busy sitting, 77,600-80,400 rows a second against 102,800-115,500; at d=128 29,000-34,700
+against 35,500-39,900). What a crash leaves is the same: the blocks up to the last
 publication's flush, then the restart folds the rest again.
 
 The trailing, incomplete block is never persisted. :meth:`ShardLearner.snapshot` folds it into
