@@ -6,13 +6,14 @@ Every peer runs in the same process, on the same seeded data, in the same run:
    worker's loop: ``update_batch`` (rank-k: A += X^T W X, b += X^T W r) per batch and, every
    5,000 rows, where the worker publishes, one ``Shard.apply`` through ``learner.store`` holding
    the state of every arm learned since the last and the consumed offset (one RocksDB write
-   batch), then a flush: the learner's durability (no write-ahead log; 2026-11-30, before which
-   the worker wrote every block, flushing as often); the rate includes that write. BLAS is limited to one thread, as the learner
-   worker limits it (``banditstream learn``), for ours and the peers alike. The default portfolio
-   is measured again with the log on (``*_portfolio_wal``: ``learn.wal = true``), and LinUCB with
-   BLAS's own threads (``*_blas_default``: a process that does not limit them), because small
-   per-arm products can thrash a multi-threaded BLAS on a busy machine (at d=128 the portfolio
-   learned 37,000-52,000 rows/s with them and 50,000-54,000 with one, 2026-11-30). MABWiser gets
+   batch), then a flush: the learner's durability (no write-ahead log; before 2026-11-30 the
+   worker wrote every block, flushing as often); the rate includes that write. BLAS is limited
+   to one thread, as the learner worker limits it (``banditstream learn``), for ours and the
+   peers alike. The default portfolio is measured again with the log on (``*_portfolio_wal``:
+   ``learn.wal = true``), and LinUCB with BLAS's own threads (``*_blas_default``: a process that
+   does not limit them), because small per-arm products can thrash a multi-threaded BLAS on a
+   busy machine (at d=128 the portfolio learned 37,000-52,000 rows/s with them and
+   50,000-54,000 with one, 2026-11-30). MABWiser gets
    the same batches through ``LinUCB.partial_fit``. VW gets the same rows through
    ``--cb_explore_adf -q sa`` on the Python API, one multi-line example per row (a shared line
    with the context, one line per arm, the logged arm's line labelled ``arm:cost:probability``

@@ -253,8 +253,8 @@ class RobustLearning:
         self, slots: np.ndarray, starts: np.ndarray, counts: np.ndarray, r: np.ndarray, learned: np.ndarray, learned_rows: np.ndarray
     ) -> np.ndarray:
         """Per arm, whether its rewards so far, this batch's learned rows included (``learned``,
-        ``learned_rows`` of each arm), took more than two values. The state keeps the least and the greatest, and the kind: 0 none yet,
-        1 every reward one of those two, 2 another came."""
+        ``learned_rows`` of each arm), took more than two values. The state keeps the least and
+        the greatest, and the kind: 0 none yet, 1 every reward one of those two, 2 another came."""
         span, kind_of = self._arrays["robust_range"], self._arrays["robust_kind"]  # type: ignore[attr-defined]
         kind = kind_of[slots]
         settling = (kind < 2) & (learned_rows > 0)
