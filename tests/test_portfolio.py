@@ -15,7 +15,7 @@ import pytest
 
 from learner.domain import DomainSettings
 from learner.policies import Policy, Portfolio, StateFormatError, make_policy
-from learner.policies.portfolio import CONFIRM_ROWS, DEFAULT_MEMBERS, DEFAULT_MIN_ROWS, SWITCH_WEIGHT, describe_state
+from learner.policies.portfolio import CONFIRM_ROWS, DEFAULT_MEMBERS, DEFAULT_MIN_ROWS, ERROR_BOUND, ERROR_DECAY, SWITCH_WEIGHT, describe_state
 
 ARMS = ["a", "b", "c"]
 GOOD = {"policy": "lin_ucb", "alpha": 0.1, "eps0": 0.05}
@@ -137,6 +137,77 @@ def test_the_paired_doubly_robust_gain_and_its_bound_are_the_sums_checked_by_han
     switch = portfolio.select()
     if portfolio.estimates()[best]["lower"] > 0 or switch is not None:  # whichever the sums say, select agrees
         assert switch is not None and switch["to"] == portfolio.labels[best]
+
+
+def test_the_reward_model_is_chosen_by_errors_squared_up_to_a_bound_and_linear_past_it():
+    """A member that predicts every logged reward closely but for one outlier is the reward
+    model; by squared errors the outlier alone would have made it the worst. The sums are
+    checked by hand: the bound is ERROR_BOUND times the acting member's root mean (decayed)
+    error over the calls before."""
+    portfolio = make_policy("portfolio", dim=2, members=[GOOD, POOR, {"policy": "lin_igw"}], min_rows=10**6)
+    rng = np.random.default_rng(5)
+    n = 40
+    pi = np.full((n, 3, 2), 0.5)
+    k, p, r = rng.integers(0, 2, n), np.full(n, 0.5), rng.normal(0.0, 1.0, n)
+
+    def predictions(outlier: float) -> np.ndarray:
+        rhat = np.zeros((n, 3, 2))
+        rhat[np.arange(n), 0, k] = r + 0.5  # off by 0.5 on every row
+        rhat[np.arange(n), 1, k] = r + 0.7  # off by 0.7
+        rhat[np.arange(n), 2, k] = r + 0.1  # off by 0.1, but for one row
+        rhat[7, 2, k[7]] = r[7] + outlier
+        return rhat
+
+    first, second = predictions(0.1), predictions(8.0)
+    portfolio.observe(pi, first, k, p, r)
+    portfolio.observe(pi, second, k, p, r)
+    decay = ERROR_DECAY ** np.arange(n - 1, -1, -1)
+    e1 = [decay @ np.abs(first[np.arange(n), m, k] - r) ** 2 for m in range(3)]  # squared: no rows before
+    bound = ERROR_BOUND * math.sqrt(e1[0] / decay.sum())  # the acting member's (0.5: bound 1.0)
+    assert bound == pytest.approx(1.0)
+    err2 = np.abs(second[np.arange(n), :, k] - r[:, None])
+    loss2 = np.where(err2 <= bound, err2 * err2, bound * (2 * err2 - bound))
+    expected = [e1[m] * ERROR_DECAY**n + decay @ loss2[:, m] for m in range(3)]
+    assert portfolio._sel["select_e"].tolist() == pytest.approx(expected, rel=1e-12)
+    assert portfolio.reward_model() == 2  # the outlier counts 2 * 8 - 1 = 15, not 64: under the 2 x 40 x 0.25 of member 0
+    squared = [e1[m] * ERROR_DECAY**n + decay @ err2[:, m] ** 2 for m in range(3)]
+    assert int(np.argmin(squared)) == 0  # squared, the one outlier would have made member 0 serve
+
+
+def test_rewards_of_two_values_are_never_bounded_and_a_third_value_makes_them_continuous():
+    """0/1 rewards: every error counts squared (a misclassified row is the signal, not an
+    outlier). The selection keeps the least and greatest reward and whether another came; from
+    the call that brings a third value on, errors past the bound count linearly."""
+    from learner.policies import base
+
+    portfolio = make_policy("portfolio", dim=2, members=[GOOD, POOR], min_rows=10**6)
+    n = 20
+    pi, k, p = np.full((n, 2, 2), 0.5), np.zeros(n, dtype=np.intp), np.full(n, 0.5)
+    r = np.where(np.arange(n) % 4 == 0, 1.0, 0.0)
+    rhat = np.zeros((n, 2, 2))
+    rhat[:, 0, 0] = 0.25  # off by 0.25 or 0.75
+    rhat[:, 1, 0] = r + 0.01
+    rhat[3, 1, 0] = 1.0  # off by 1: past twice member 0's typical error (about 0.87)
+    sums = np.zeros(2)
+    decay = ERROR_DECAY ** np.arange(n - 1, -1, -1)
+    for _ in range(3):
+        portfolio.observe(pi, rhat, k, p, r)
+        sums = sums * ERROR_DECAY**n + decay @ (rhat[:, :, 0] - r[:, None]) ** 2  # squared throughout
+        assert portfolio._sel["select_e"].tolist() == pytest.approx(sums.tolist(), rel=1e-12)
+    assert int(portfolio._sel["select_kind"]) == 1 and portfolio._sel["select_range"].tolist() == [0.0, 1.0]
+    assert portfolio._error_bound() is None
+    r3 = r.copy()
+    r3[5] = 0.5  # a third value
+    portfolio.observe(pi, rhat, k, p, r3)
+    assert int(portfolio._sel["select_kind"]) == 2 and portfolio._error_bound() is not None
+    # the state carries the range and kind; a state written before them starts at none seen
+    header, arrays = base._decode(portfolio.to_bytes())
+    loaded = Policy.from_bytes(portfolio.to_bytes())
+    assert int(loaded._sel["select_kind"]) == 2 and loaded._sel["select_range"].tolist() == [0.0, 1.0]
+    older = Policy.from_bytes(base._encode(header, {k: v for k, v in arrays.items() if k not in ("select_range", "select_kind")}))
+    assert int(older._sel["select_kind"]) == 0 and older._error_bound() is None
+    with pytest.raises(StateFormatError, match="reward kind 5"):
+        Policy.from_bytes(base._encode(header, {**arrays, "select_kind": np.array(5, dtype=np.int64)}))
 
 
 def test_the_doubly_robust_gain_is_unbiased_for_the_members_true_difference():
