@@ -169,7 +169,7 @@ def test_the_reward_model_is_chosen_by_errors_squared_up_to_a_bound_and_linear_p
     loss2 = np.where(err2 <= bound, err2 * err2, bound * (2 * err2 - bound))
     expected = [e1[m] * ERROR_DECAY**n + decay @ loss2[:, m] for m in range(3)]
     assert portfolio._sel["select_e"].tolist() == pytest.approx(expected, rel=1e-12)
-    assert portfolio.reward_model() == 2  # the outlier counts 2 * 8 - 1 = 15, not 64: under the 2 x 40 x 0.25 of member 0
+    assert portfolio.reward_model() == 2  # its outlier counts 2 * 8 - 1 = 15, not 64: under member 0's 2 x 40 x 0.25
     squared = [e1[m] * ERROR_DECAY**n + decay @ err2[:, m] ** 2 for m in range(3)]
     assert int(np.argmin(squared)) == 0  # squared, the one outlier would have made member 0 serve
 
@@ -204,7 +204,8 @@ def test_rewards_of_two_values_are_never_bounded_and_a_third_value_makes_them_co
     header, arrays = base._decode(portfolio.to_bytes())
     loaded = Policy.from_bytes(portfolio.to_bytes())
     assert int(loaded._sel["select_kind"]) == 2 and loaded._sel["select_range"].tolist() == [0.0, 1.0]
-    older = Policy.from_bytes(base._encode(header, {k: v for k, v in arrays.items() if k not in ("select_range", "select_kind")}))
+    before = {name: value for name, value in arrays.items() if name not in ("select_range", "select_kind")}
+    older = Policy.from_bytes(base._encode(header, before))
     assert int(older._sel["select_kind"]) == 0 and older._error_bound() is None
     with pytest.raises(StateFormatError, match="reward kind 5"):
         Policy.from_bytes(base._encode(header, {**arrays, "select_kind": np.array(5, dtype=np.int64)}))
