@@ -44,7 +44,8 @@ as, ``pi_m(. | x_i)``, are computed by the member *before it has learned that ro
 since it; in a simulation, by the models before the batch). One member's predictions serve as the
 reward model ``rhat`` of every member's estimate, so the members' values pair: the one with the
 least error on the logged rewards, recent rows weighing most (:meth:`reward_model`; squared, and
-linear past twice the acting member's typical error, so a few outliers do not choose it). With
+linear past twice the acting member's typical error, so a few outliers do not choose it; rewards
+of two values, squared throughout). With
 importance weight ``w_mi = pi_m(a_i|x_i) / p_i``, each member's doubly robust value of the row
 (:meth:`Portfolio.observe`) is::
 
