@@ -848,10 +848,9 @@ class Portfolio(Policy):
         error = np.abs(rhat[rows, :, k] - r[:, None])
         self._note_rewards(r)
         bound = self._error_bound()
-        if bound is not None:  # Huber's loss past the bound (ERROR_BOUND)
-            error = np.where(error <= bound, error * error, bound * (2.0 * error - bound))
-        else:
-            error = error * error
+        # Huber's loss c (2 e - c), c = min(e, bound): e^2 up to the bound (exactly: 2e - e is e)
+        held = np.minimum(error, math.inf if bound is None else bound)
+        error = held * (2.0 * error - held)
         keep = ERROR_DECAY ** np.arange(n - 1, -1, -1, dtype=np.float64)  # row j's error counts decay^(rows after it)
         s["select_e"] *= ERROR_DECAY**n
         s["select_e"] += keep @ error
