@@ -693,6 +693,11 @@ class Decider:
         return self._emitter.spool_depth if self._emitter is not None else 0
 
     @property
+    def in_flight(self) -> int:
+        """Events handed to Kafka and not yet acknowledged (nor failed into the spool)."""
+        return self._emitter.in_flight if self._emitter is not None else 0
+
+    @property
     def emitter_stats(self):
         """The event emitter's counters (``EmitterStats``: sent, spooled, drained, ...); None
         without Kafka."""

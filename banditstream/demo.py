@@ -492,11 +492,16 @@ class _Demo:
             joined, learned, _ = stall.progress
             silent = [name for name in ("join", "learn", "publish") if not self.workers.scrape(name)]
             stage = silent[0] if silent else "join" if joined < made else "learn" if learned < made else "publish"
+            read = {topic: sum(v for k, v in self.workers.metric("join", "banditstream_records_in_total").items()
+                               if f'topic="{topic}"' in k) for topic in (self.topics.decisions, self.topics.rewards)}  # fmt: skip
             raise DemoError(
                 f"round {self.rounds}: nothing moved for {patience:.0f}s while waiting for a snapshot of "
                 f"{', '.join(stall.pending)} that learned from all {made:,} decisions so far "
                 f"({joined:,.0f} joined, {learned:,.0f} read by the learner"
                 + (f"; the {stage} worker does not answer on /metrics" if silent else "")
+                + f"; the join read {read[self.topics.decisions]:,.0f} decisions and {read[self.topics.rewards]:,.0f} "
+                f"rewards; the SDK holds {sum(d.in_flight for d in self.deciders.values()):,} events in its "
+                f"producers and {sum(d.spool_depth for d in self.deciders.values()):,} in its spools"
                 + f")\n{self.workers.kept(stage)}"
             ) from None
 

@@ -242,6 +242,11 @@ class EventEmitter:
     def spool_depth(self) -> int:
         return self.spool.depth
 
+    @property
+    def in_flight(self) -> int:
+        """Events inside a producer, not yet acknowledged nor reported failed."""
+        return sum(len(generation.producer) for generation in (self._live, *self._retired))
+
     # -- flush and close ------------------------------------------------------------------
 
     def flush(self, timeout: float = 30.0) -> bool:

@@ -53,7 +53,9 @@ class WorkerProcesses:
         with open(self.log_path(name), "wb") as log:
             self.processes[name] = subprocess.Popen(
                 [sys.executable, *prefix, "-m", "banditstream.cli", "--config", str(config), command or name],
-                env={**os.environ, "BANDITSTREAM_METRICS__PORT": str(port), "OPENBLAS_NUM_THREADS": "1"},
+                # the join's clocks in its log every purge interval (INFO): what a stall needs told
+                env={"BANDITSTREAM_JOIN_LOGLEVEL": "INFO", **os.environ, "BANDITSTREAM_METRICS__PORT": str(port),
+                     "OPENBLAS_NUM_THREADS": "1"},
                 cwd=cwd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
             )  # fmt: skip
 

@@ -185,7 +185,8 @@ def test_broker_frozen_then_resumed_the_fenced_producer_is_replaced_and_all_arri
 
         broker.freeze()
         frozen_until = time.monotonic() + 6.0  # four delivery timeouts: sends time out in flight
-        during = []
+        during = _emit(emitter, "b00000-", 50, pace_s=0.002)
+        assert emitter.in_flight > 0  # handed to the producer; the broker does not answer
         while time.monotonic() < frozen_until:
             during += _emit(emitter, f"b{len(during):05d}-", 50, pace_s=0.002)
         broker.thaw()
@@ -193,6 +194,7 @@ def test_broker_frozen_then_resumed_the_fenced_producer_is_replaced_and_all_arri
         after = _emit(emitter, "c", 1000)
 
         assert emitter.flush(30), f"not delivered: spool {emitter.spool_depth}, last error {emitter.last_drain_error!r}"
+        assert emitter.in_flight == 0
         assert emitter.stats.producers_rebuilt >= 1, emitter.stats
         reasons = list(emitter.rebuild_reasons)
         assert [r for r in reasons if "FENCED" in r or "FATAL" in r.upper()], reasons  # not only "wedged"
