@@ -161,7 +161,7 @@ def test_a_broker_heard_again_after_a_silence_marks_when_it_came_back():
     in which it answered again sets the partitions' resumed time (the answer's wall time)."""
     reader = SourceReader.__new__(SourceReader)  # only the statistics handling: no consumer
     reader.contact, reader.resumed, reader._silent, reader.silence_ms = {}, {}, set(), 1000.0
-    reader.silenced, reader._last_heard = {}, {}
+    reader.silenced, reader._last_heard, reader._silenced_keys = {}, {}, {}
 
     def report(idle_ms: float) -> None:
         broker = {"nodeid": 1, "rxidle": int(idle_ms * 1000),
@@ -196,3 +196,30 @@ def test_a_broker_heard_again_after_a_silence_marks_when_it_came_back():
              "brokers": {"b1": {"nodeid": 1, "rxidle": 10_000, "toppars": {"d-0": {"topic": "d", "partition": 0}}}}}
     reader._stats(json.dumps(stale))
     assert abs(reader.contact[("d", 0)] - (time.time() * 1000 - 2_010)) < 100
+
+
+def test_a_broker_heard_again_before_its_partitions_come_back_to_it_still_ends_their_outage():
+    """A reconnect: the broker's partitions leave its statistics while it is away and come
+    back a report or more after it answers again (librdkafka delegates them anew after a
+    metadata refresh). The partitions it held when it went away are resumed when it answers,
+    whatever the report lists; before, their outage never ended and their clocks stayed
+    capped at the silence for good (the join then never fired the last windows)."""
+    reader = SourceReader.__new__(SourceReader)  # only the statistics handling: no consumer
+    reader.contact, reader.resumed, reader._silent, reader.silence_ms = {}, {}, set(), 1000.0
+    reader.silenced, reader._last_heard, reader._silenced_keys = {}, {}, {}
+    parts = {"d-0": {"topic": "d", "partition": 0}, "r-0": {"topic": "r", "partition": 0}}
+
+    def report(idle_ms: float, toppars: dict) -> None:
+        reader._stats(json.dumps({"brokers": {"b1": {"nodeid": 1, "rxidle": int(idle_ms * 1000), "toppars": toppars}}}))
+
+    report(100, parts)
+    heard = reader.contact[("r", 0)]
+    report(-0.001, {})  # disconnected: no receive yet, its partitions with no broker
+    assert reader.outage("r", 0) == (heard, None)
+    before = time.time() * 1000
+    report(30, {})  # connected again, answering; the partitions not delegated back yet
+    back = reader.resumed_at("r", 0)
+    assert back is not None and back >= before - 100 and reader.resumed_at("d", 0) == back
+    assert reader.outage("r", 0) == (heard, back) and reader.outage("d", 0) == (heard, back)
+    report(40, parts)  # and back in its report: nothing changes
+    assert reader.outage("r", 0) == (heard, back)
