@@ -882,7 +882,8 @@ PyDoc_STRVAR(add_outer_doc,
  *   - with p_k = decay^k as running products (p_0 = 1, p_k = p_(k-1) * decay; np.cumprod) and
  *     the arm's m learned residuals e_1..e_m: n <- p_m n + (p_(m-1) + ... + p_0), and total,
  *     total_abs alike with p_(m-i) e_i and p_(m-i) |e_i|, each sum left to right from its
- *     first term (np.cumsum).
+ *     first term (np.cumsum), unless the batch leaves g+ or g- above the hold level (then only
+ *     rows counts them).
  *
  * Plain double arithmetic, no fused multiply-adds (-ffp-contract=off), no reassociation. */
 
@@ -918,13 +919,14 @@ enum { D_STATS, D_PH, D_ROWS, D_ALARMS, D_KEEP, D_SLOTS, D_STARTS, D_COUNTS, D_X
 
 PyDoc_STRVAR(detect_doc,
 "detect(stats, ph, rows, alarms, keep, slots, starts, counts, X, r, w, theta,\n"
-"       (watch_after, calibration, decay, sd_from_mean_abs, delta, clip, threshold, keep_on_alarm))\n\n"
+"       (watch_after, calibration, decay, sd_from_mean_abs, delta, clip, threshold, keep_on_alarm, hold))\n\n"
 "learner.policies._detect._detect_arms compiled: the residual change detector over a batch whose\n"
 "arm j (slot slots[j]) has the rows [starts[j], starts[j] + counts[j]) of X (n, d), r and w.\n"
 "Updates the arms' detector state in place (stats (cap, 3), ph (cap, 2), rows and alarms (cap,)\n"
 "int64) and sets keep[j] = keep_on_alarm for an arm flagged. The arms with rows[slot] >=\n"
 "watch_after when the call starts are the watched ones; theta holds their posterior means, one\n"
-"row each, in order.");
+"row each, in order. An arm whose g+ or g- ends the batch above hold (unflagged) keeps its\n"
+"residual mean and scale as they were.");
 
 static PyObject *
 detect(PyObject *module, PyObject *args)
@@ -941,11 +943,11 @@ detect(PyObject *module, PyObject *args)
     };
     PyObject *obj[D_N];
     Py_ssize_t watch_after;
-    double calibration, decay, sd_from_mean_abs, delta, clip, threshold, keep_on_alarm;
-    if (!PyArg_ParseTuple(args, "OOOOOOOOOOOO(nddddddd):detect", &obj[D_STATS], &obj[D_PH], &obj[D_ROWS],
+    double calibration, decay, sd_from_mean_abs, delta, clip, threshold, keep_on_alarm, hold;
+    if (!PyArg_ParseTuple(args, "OOOOOOOOOOOO(ndddddddd):detect", &obj[D_STATS], &obj[D_PH], &obj[D_ROWS],
                           &obj[D_ALARMS], &obj[D_KEEP], &obj[D_SLOTS], &obj[D_STARTS], &obj[D_COUNTS], &obj[D_X],
                           &obj[D_R], &obj[D_W], &obj[D_THETA], &watch_after, &calibration, &decay,
-                          &sd_from_mean_abs, &delta, &clip, &threshold, &keep_on_alarm))
+                          &sd_from_mean_abs, &delta, &clip, &threshold, &keep_on_alarm, &hold))
         return NULL;
     Py_buffer v[D_N];
     int got = 0, ok = 1;
@@ -1076,6 +1078,10 @@ detect(PyObject *module, PyObject *args)
                 }
                 g[0] = up;
                 g[1] = down;
+                if (up > hold || down > hold) { /* half way to an alarm: the baseline holds */
+                    rows[slot] += m;
+                    continue;
+                }
             }
             double p = powers[m - 1];
             double sum_w = p, sum_e = p * e[0], sum_abs = p * fabs(e[0]);

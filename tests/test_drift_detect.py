@@ -233,6 +233,47 @@ def test_a_state_with_a_negative_detector_count_is_refused():
         make_policy("lin_ucb", dim=DIM).load_arm_state("a", _encode(header, arrays))
 
 
+@pytest.mark.parametrize("compiled", [True, False])
+def test_the_residual_baseline_holds_while_the_statistic_is_half_way_to_an_alarm(compiled, monkeypatch):
+    """A shift under test must not become the baseline it is tested against: once g+ or g-
+    passes HOLD x threshold, the arm's residual mean and scale stay as they were (its rows still
+    count) until the statistic falls back or alarms."""
+    if not compiled:
+        monkeypatch.setattr(_detect, "_fastscore", None)
+    policy = make_policy("lin_ucb", dim=DIM, detect=True, huber_q=0, seed=0)
+    X, arms, r = world(600, seed=13, arms=("a",))
+    feed(policy, X, arms, r, batch=1)
+    assert alarms(policy) == {"a": 0}
+
+    def detector() -> dict[str, np.ndarray]:
+        arrays = _decode(policy.arm_state_bytes("a"))[1]
+        return {name: arrays[name].copy() for name in ("detect_stats", "detect_ph", "detect_rows")}
+
+    hold = _detect.HOLD * policy.detect_threshold
+    x = X[:1]
+    held = moved = 0
+    for _ in range(40):  # each row 1.5 above the model: g+ climbs toward the threshold
+        before = detector()
+        policy.update_batch(x, ["a"], _means(policy, x) + 1.5)
+        after = detector()
+        if alarms(policy)["a"]:
+            break
+        assert after["detect_rows"] == before["detect_rows"] + 1
+        if after["detect_ph"].max() > hold:
+            assert after["detect_stats"].tobytes() == before["detect_stats"].tobytes()
+            held += 1
+        else:
+            assert after["detect_stats"].tobytes() != before["detect_stats"].tobytes()
+            moved += 1
+    assert alarms(policy)["a"] == 1 and held >= 3 and moved >= 3, (held, moved)
+
+
+def _means(policy: Policy, x: np.ndarray) -> np.ndarray:
+    """The arm's posterior mean prediction for rows ``x``."""
+    stats = policy.arm_statistics("a")
+    return x @ np.linalg.solve(stats["A"], stats["b"])
+
+
 def test_detection_is_watched_only_after_the_model_and_the_scale_have_settled():
     policy = make_policy("lin_ucb", dim=DIM, detect=True)
     X, arms, r = world(DIM + CALIBRATION, seed=9, arms=("a",))

@@ -579,7 +579,10 @@ def test_the_default_domain_decides_as_lin_igw_on_stationary_traffic_and_hands_o
         regret, _ = _play_default(portfolio, z, means)
         alone, _ = _play_default(make_policy("lin_igw", dim=dim, seed=1), z, means)
         assert portfolio.acting_label == "lin_igw(gamma=0.995)", (seed, portfolio.switches)
-        assert regret < 0.6 * alone, (seed, regret, alone)
+        # lin_igw alone follows part of the rotation by its detector's alarms (5-6 of them on
+        # each seed; 8-13 since its baseline holds during a test: 3,418-3,695 regret went to
+        # 2,869-3,359), forgetting follows all of it: 1,713-1,859
+        assert regret < 0.65 * alone, (seed, regret, alone)
 
 
 def test_state_of_other_members_is_refused_saying_how_to_keep_it():
