@@ -1040,6 +1040,7 @@ detect(PyObject *module, PyObject *args)
                 e[q] = r[learned[q]] - row_dot(X + learned[q] * d, th, d);
             double *st = stats + 3 * slot, *g = ph + 2 * slot;
             double count = st[0], total = st[1], total_abs = st[2];
+            int holding = 0;
             if (count >= calibration) {
                 double scale = sd_from_mean_abs * total_abs / count;
                 if (1e-12 > scale) /* Python's max(scale, 1e-12) */
@@ -1078,23 +1079,22 @@ detect(PyObject *module, PyObject *args)
                 }
                 g[0] = up;
                 g[1] = down;
-                if (up > hold || down > hold) { /* half way to an alarm: the baseline holds */
-                    rows[slot] += m;
-                    continue;
+                holding = up > hold || down > hold; /* half way to an alarm: the baseline holds */
+            }
+            if (!holding) {
+                double p = powers[m - 1];
+                double sum_w = p, sum_e = p * e[0], sum_abs = p * fabs(e[0]);
+                for (Py_ssize_t i = 1; i < m; i++) {
+                    p = powers[m - 1 - i];
+                    sum_w += p;
+                    sum_e += p * e[i];
+                    sum_abs += p * fabs(e[i]);
                 }
+                double old = powers[m];
+                st[0] = old * count + sum_w;
+                st[1] = old * total + sum_e;
+                st[2] = old * total_abs + sum_abs;
             }
-            double p = powers[m - 1];
-            double sum_w = p, sum_e = p * e[0], sum_abs = p * fabs(e[0]);
-            for (Py_ssize_t i = 1; i < m; i++) {
-                p = powers[m - 1 - i];
-                sum_w += p;
-                sum_e += p * e[i];
-                sum_abs += p * fabs(e[i]);
-            }
-            double old = powers[m];
-            st[0] = old * count + sum_w;
-            st[1] = old * total + sum_e;
-            st[2] = old * total_abs + sum_abs;
             rows[slot] += m;
         }
     }

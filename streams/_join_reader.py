@@ -137,8 +137,8 @@ class SourceReader:
         #: Longer than this without a word from a broker that is fetched from every
         #: ``fetch_wait_ms`` is a silence, not a quiet partition.
         self.silence_ms = max(1000.0, 3.0 * fetch_wait_ms)
-        self._silent: set[int] = set()  # node ids silent at the last statistics report
-        self._silenced_keys: dict[int, set[tuple[str, int]]] = {}  # node id -> partitions its silence silenced
+        #: node id -> the partitions its silence holds, for each node silent at the last report
+        self._silent: dict[int, set[tuple[str, int]]] = {}
         self._last_heard: dict[int, float] = {}  # node id -> wall ms, as of the last report
         #: (topic, partition) -> wall ms its broker was last heard before its latest silence.
         self.silenced: dict[tuple[str, int], float] = {}
@@ -233,16 +233,15 @@ class SourceReader:
             away = idle_us is None or idle_us < 0 or idle_us / 1000.0 > self.silence_ms
             if away:
                 if node not in self._silent:  # away, or not connected (yet): since it was last heard
-                    self._silent.add(node)
-                    self._silenced_keys[node] = set()
+                    held = self._silent[node] = set()
                     for key in toppars or list(self.contact):
                         heard = self.contact.get(key)
                         if heard is not None:
                             self.silenced[key] = heard
-                            self._silenced_keys[node].add(key)
+                            held.add(key)
                     log.info("join: broker %d silent (%s); clocks of %s hold", node,
                              "not connected" if idle_us is None or idle_us < 0 else f"nothing received for {idle_us / 1e6:.1f}s",
-                             sorted(self._silenced_keys[node]) or "no partition")  # fmt: skip
+                             sorted(held) or "no partition")  # fmt: skip
                 if idle_us is None or idle_us < 0:
                     continue
             heard = now - idle_us / 1000.0
@@ -254,10 +253,9 @@ class SourceReader:
                 if node not in self._silent:
                     for key in toppars:
                         self.silenced[key] = before
-                self._silent.discard(node)
                 # records its producers held meanwhile come now; the partitions it held when it
                 # went away too, though a reconnect lists them again only a report or more later
-                resumed = {*toppars, *self._silenced_keys.pop(node, ())}
+                resumed = {*toppars, *self._silent.pop(node, ())}
                 for key in resumed:
                     self.resumed[key] = heard
                 log.info("join: broker %d heard again; %s resume", node, sorted(resumed) or "no partition")

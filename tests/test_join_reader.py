@@ -160,8 +160,8 @@ def test_a_broker_heard_again_after_a_silence_marks_when_it_came_back():
     the silence limit (or not connected: -1) the broker is away; the first report after that
     in which it answered again sets the partitions' resumed time (the answer's wall time)."""
     reader = SourceReader.__new__(SourceReader)  # only the statistics handling: no consumer
-    reader.contact, reader.resumed, reader._silent, reader.silence_ms = {}, {}, set(), 1000.0
-    reader.silenced, reader._last_heard, reader._silenced_keys = {}, {}, {}
+    reader.contact, reader.resumed, reader._silent, reader.silence_ms = {}, {}, {}, 1000.0
+    reader.silenced, reader._last_heard = {}, {}
 
     def report(idle_ms: float) -> None:
         broker = {"nodeid": 1, "rxidle": int(idle_ms * 1000),
@@ -205,8 +205,8 @@ def test_a_broker_heard_again_before_its_partitions_come_back_to_it_still_ends_t
     whatever the report lists; before, their outage never ended and their clocks stayed
     capped at the silence for good (the join then never fired the last windows)."""
     reader = SourceReader.__new__(SourceReader)  # only the statistics handling: no consumer
-    reader.contact, reader.resumed, reader._silent, reader.silence_ms = {}, {}, set(), 1000.0
-    reader.silenced, reader._last_heard, reader._silenced_keys = {}, {}, {}
+    reader.contact, reader.resumed, reader._silent, reader.silence_ms = {}, {}, {}, 1000.0
+    reader.silenced, reader._last_heard = {}, {}
     parts = {"d-0": {"topic": "d", "partition": 0}, "r-0": {"topic": "r", "partition": 0}}
 
     def report(idle_ms: float, toppars: dict) -> None:

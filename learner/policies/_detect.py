@@ -222,6 +222,7 @@ def _detect_arms(
         if not len(e):
             continue
         n, total, total_abs = stats[slot].tolist()
+        holding = False
         if n >= CALIBRATION:
             scale = max(_SD_FROM_MEAN_ABS * total_abs / n, 1e-12)
             z = np.clip((e - total / n) / scale, -CLIP, CLIP)
@@ -235,17 +236,16 @@ def _detect_arms(
                 rows[slot] = 0
                 continue
             ph[slot] = up[-1], down[-1]
-            if max(up[-1], down[-1]) > hold:  # half way to an alarm: the baseline holds
-                rows[slot] += len(e)
-                continue
-        powers = _powers(len(e))
-        weights = powers[len(e) - 1 :: -1]  # decay^(m-1), ..., decay^0: the newest row weighs 1
-        old = powers[len(e)]
-        stats[slot] = (
-            old * n + _sequential_sum(weights),
-            old * total + _sequential_sum(weights * e),
-            old * total_abs + _sequential_sum(weights * np.abs(e)),
-        )
+            holding = max(up[-1], down[-1]) > hold  # half way to an alarm: the baseline holds
+        if not holding:
+            powers = _powers(len(e))
+            weights = powers[len(e) - 1 :: -1]  # decay^(m-1), ..., decay^0: the newest row weighs 1
+            old = powers[len(e)]
+            stats[slot] = (
+                old * n + _sequential_sum(weights),
+                old * total + _sequential_sum(weights * e),
+                old * total_abs + _sequential_sum(weights * np.abs(e)),
+            )
         rows[slot] += len(e)
 
 
