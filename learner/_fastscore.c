@@ -18,7 +18,9 @@
  *   - greedy (LinUCB): score = mean + alpha * width, the best scores share 1 evenly;
  *   - inverse-gap weighting (LinIGW) with learning rate g > 0: on score = mean + alpha * width,
  *     b the first maximum, p_k = 1 / (K + g * (score_b - score_k)) for k != b and
- *     p_b = 1 - fsum(others) (math.fsum, as the numpy path);
+ *     p_b = 1 - fsum(others) (math.fsum, as the numpy path), after raising each candidate
+ *     whose arm has fewer than new_rows rows to min(new_share * Phi((mean_k - score_b) /
+ *     width_k), 1 / K), Phi(x) = erfc(-x / sqrt 2) / 2 (LinIGW's new arms);
  *   - the floor, when eps0 > 0: p = p * (1 - eps0), then p + eps0 / K;
  *   - the draw with the caller's uniform u, base.draw_index's rule: for K <= 64 the first
  *     index of positive probability whose running sum exceeds u * fsum(p) (math.fsum's
@@ -371,27 +373,29 @@ mean_width(PyObject *module, PyObject *args)
 }
 
 PyDoc_STRVAR(choose_doc,
-"choose(factor, slots, X, coef, z, n_draws, igw, eps0, u, p) -> chosen index\n\n"
+"choose(factor, slots, X, coef, z, n_draws, igw, eps0, u, p[, count, new_rows, new_share]) -> chosen index\n\n"
 "Fill p with the policy's distribution over the K candidates, floor mixed in, and return the\n"
 "index drawn from it with uniform u. z None: on the scores mean + coef * width, greedy\n"
-"(LinUCB) when igw is 0, else inverse-gap weighting with learning rate igw (LinIGW); z given:\n"
-"the (ceil(n_draws / 2), K) standard normals of n_draws antithetic Thompson draws with\n"
-"scale coef * width (LinTS).");
+"(LinUCB) when igw is 0, else inverse-gap weighting with learning rate igw (LinIGW), a\n"
+"candidate whose arm has fewer than new_rows rows (count, by slot) raised to\n"
+"min(new_share * Phi((mean - best score) / width), 1 / K); z given: the (ceil(n_draws / 2), K)\n"
+"standard normals of n_draws antithetic Thompson draws with scale coef * width (LinTS).");
 
 static PyObject *
 choose(PyObject *module, PyObject *args)
 {
-    PyObject *F, *slots, *X, *z_obj, *p_obj;
-    double coef, igw, eps0, u;
-    Py_ssize_t n_draws;
-    if (!PyArg_ParseTuple(args, "OOOdOndddO:choose", &F, &slots, &X, &coef, &z_obj, &n_draws, &igw, &eps0, &u, &p_obj))
+    PyObject *F, *slots, *X, *z_obj, *p_obj, *count_obj = Py_None;
+    double coef, igw, eps0, u, new_share = 0.0;
+    Py_ssize_t n_draws, new_rows = 0;
+    if (!PyArg_ParseTuple(args, "OOOdOndddO|Ond:choose", &F, &slots, &X, &coef, &z_obj, &n_draws, &igw, &eps0, &u,
+                          &p_obj, &count_obj, &new_rows, &new_share))
         return NULL;
     Inputs in;
     if (get_inputs(F, slots, X, &in) < 0)
         return NULL;
     Py_ssize_t K = in.K, half = (n_draws + 1) / 2;
-    Py_buffer p_view, z_view;
-    int have_z = z_obj != Py_None;
+    Py_buffer p_view, z_view, count_view;
+    int have_z = z_obj != Py_None, have_count = count_obj != Py_None;
     if (get_array(p_obj, &p_view, 1, 'd', 1, "p") < 0) {
         release_inputs(&in);
         return NULL;
@@ -401,6 +405,19 @@ choose(PyObject *module, PyObject *args)
         release_inputs(&in);
         return NULL;
     }
+    if (have_count && get_array(count_obj, &count_view, 1, 'n', 0, "count") < 0) {
+        if (have_z)
+            PyBuffer_Release(&z_view);
+        PyBuffer_Release(&p_view);
+        release_inputs(&in);
+        return NULL;
+    }
+    /* new arms only under inverse-gap weighting, and only when a candidate's arm is new */
+    const Py_ssize_t *count = have_count ? count_view.buf : NULL, *slot = in.slots.buf;
+    int new_arms = 0;
+    if (have_count && !have_z && igw > 0.0 && new_share > 0.0 && count_view.shape[0] >= in.F.shape[0])
+        for (Py_ssize_t k = 0; k < K && !new_arms; k++)
+            new_arms = count[slot[k]] < new_rows;
     Py_ssize_t chosen = -1;
     double *mean = NULL;
     if (p_view.shape[0] != K)
@@ -409,9 +426,13 @@ choose(PyObject *module, PyObject *args)
         PyErr_SetString(PyExc_ValueError, "z must be (ceil(n_draws / 2), K) with n_draws >= 1");
     else if (!(igw >= 0.0 && isfinite(igw)))
         PyErr_SetString(PyExc_ValueError, "igw must be finite and >= 0");
+    else if (have_count && count_view.shape[0] < in.F.shape[0])
+        PyErr_SetString(PyExc_ValueError, "count needs one value per arm slot of factor");
+    else if (!(new_share >= 0.0 && new_share <= 1.0))
+        PyErr_SetString(PyExc_ValueError, "new_share must be in [0, 1]");
     else if ((mean = PyMem_Malloc(4 * K * sizeof(double))) == NULL)
         PyErr_NoMemory();
-    else if (score(&in, mean, mean + K, have_z || coef != 0.0) == 0) {
+    else if (score(&in, mean, mean + K, have_z || coef != 0.0 || new_arms) == 0) {
         double *width = mean + K, *scratch = mean + 2 * K, *p = p_view.buf;
         if (have_z) {
             const double *z = z_view.buf;
@@ -449,6 +470,17 @@ choose(PyObject *module, PyObject *args)
             }
             for (Py_ssize_t k = 0; k < K; k++)
                 p[k] = k == best ? 0.0 : 1.0 / ((double)K + igw * (s[best] - s[k]));
+            if (new_arms) { /* LinIGW._new_arm_floor, the same operations */
+                double cap = 1.0 / (double)K;
+                for (Py_ssize_t k = 0; k < K; k++) {
+                    if (k == best || count[slot[k]] >= new_rows || !(width[k] > 0.0))
+                        continue;
+                    double q = new_share * (0.5 * erfc((s[best] - mean[k]) / (width[k] * M_SQRT2)));
+                    q = q < cap ? q : cap;
+                    if (q > p[k])
+                        p[k] = q;
+                }
+            }
             p[best] = 1.0 - exact_sum(p, K, mean + 3 * K);
         }
         else {
@@ -475,6 +507,8 @@ choose(PyObject *module, PyObject *args)
         chosen = draw_index(p, K, u, scratch);
     }
     PyMem_Free(mean);
+    if (have_count)
+        PyBuffer_Release(&count_view);
     if (have_z)
         PyBuffer_Release(&z_view);
     PyBuffer_Release(&p_view);

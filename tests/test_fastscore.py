@@ -76,6 +76,7 @@ POLICY_CASES = [
     ("lin_ucb", {"alpha": 0.8}),
     ("lin_igw", {}),
     ("lin_igw", {"alpha": 0.0, "gamma_scale": 10.0}),
+    ("lin_igw", {"new_arm_rows": 25, "new_arm_share": 1.0, "gamma_scale": 1e4}),  # new arms raised
 ]
 
 

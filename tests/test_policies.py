@@ -318,6 +318,41 @@ def test_optimistic_igw_takes_its_gaps_between_ucb_scores_checked_by_hand():
     assert p[2] < p[1] < p[0]
 
 
+def test_lin_igw_raises_a_new_arm_to_its_posterior_chance_checked_by_hand():
+    """Ridge 1, x = 1, alpha 0, gamma 1,000: arm a (ten rows of 1) has theta = 10/11 = 0.909091;
+    c, never played, is the prior N(0, 1). Inverse-gap weighting gives c 1 / (2 + 1000 * 0.909091)
+    = 0.001098; c is new (0 rows < 5), and its chance of beating a's score is
+    Phi(-0.909091) = 0.181651, so it gets 0.1 * 0.181651 = 0.018165 (under the cap 1/2). With
+    five rows of 0 (theta 0) c is no longer new: back to inverse-gap weighting,
+    1 / (2 + 1000 * 0.909091). A share of 1 is capped at a uniform choice's: with a at theta
+    0.25 (one row of 0.5), Phi(-0.25) = 0.401 for each of two new arms, 1/3 each."""
+    from learner.policies import LinIGW
+
+    settings = dict(dim=1, alpha=0.0, gamma_scale=1000.0, gamma_exponent=0.0, eps0=0.0, prior_strength=1.0)
+    policy = LinIGW(**settings)
+    policy.update_batch(np.ones((10, 1)), ["a"] * 10, [1.0] * 10)
+    p = policy.probabilities(np.ones((2, 1)), ["a", "c"], rng=0).probabilities
+    np.testing.assert_allclose(p, [0.981835, 0.018165], atol=1e-6)
+    off = LinIGW(**settings, new_arm_share=0.0)
+    off.update_batch(np.ones((10, 1)), ["a"] * 10, [1.0] * 10)
+    np.testing.assert_allclose(off.probabilities(np.ones((2, 1)), ["a", "c"], rng=0).probabilities,
+                               [0.998902, 0.001098], atol=1e-6)
+    np.testing.assert_array_equal(policy.scoring_view().probabilities(np.ones((2, 1)), ["a", "c"], rng=5).probabilities, p)
+    policy.update_batch(np.ones((4, 1)), ["c"] * 4, [0.0] * 4)  # four rows: still new
+    assert policy.probabilities(np.ones((2, 1)), ["a", "c"], rng=0).probabilities[1] > 0.002
+    policy.update_batch(np.ones((1, 1)), ["c"], [0.0])  # the fifth: inverse-gap weighting alone
+    np.testing.assert_allclose(policy.probabilities(np.ones((2, 1)), ["a", "c"], rng=0).probabilities,
+                               [1 - 1 / (2 + 1000 / 1.1), 1 / (2 + 1000 / 1.1)], rtol=1e-9)
+    capped = LinIGW(**settings, new_arm_share=1.0)
+    capped.update_batch(np.ones((1, 1)), ["a"], [0.5])  # theta 0.25: Phi(-0.25) = 0.401 for c and d
+    q = capped.probabilities(np.ones((3, 1)), ["a", "c", "d"], rng=0).probabilities
+    np.testing.assert_allclose(q, [1 / 3, 1 / 3, 1 / 3], atol=1e-12)
+    assert LinIGW(dim=1).new_arm_rows == 5 and LinIGW(dim=1).new_arm_share == 0.1
+    for bad in ({"new_arm_rows": -1}, {"new_arm_rows": 2.5}, {"new_arm_share": 1.5}, {"new_arm_share": True}):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            LinIGW(dim=1, **bad)
+
+
 def test_lin_igw_without_alpha_grows_its_optimism_with_the_candidates_as_documented():
     """0.3 up to ten candidates, 0.3 log10 K above, 0.6 from a hundred: the same probabilities
     as that alpha given (tests/test_fastscore.py checks the compiled path against numpy's, K up

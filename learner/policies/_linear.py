@@ -314,7 +314,7 @@ class LinearPolicy(Policy):
     def _compiled_rule(self, K: int, rng: np.random.Generator) -> tuple[float, np.ndarray | None, int, float] | None:
         """``(coef, z, n_draws, igw)`` for ``_fastscore.choose``, on the scores
         ``mean + coef * width``: greedy when ``z`` is None and ``igw`` is 0, inverse-gap weighting
-        with learning rate ``igw`` when it is positive, else Thompson draws from the normals ``z``
+        with learning rate ``igw`` when it is positive (new arms raised by :meth:`_new_arm_rule`), else Thompson draws from the normals ``z``
         (drawn here, as the numpy path draws them) with scale ``coef * width``; None when the
         policy has no compiled rule."""
         return None
@@ -327,11 +327,18 @@ class LinearPolicy(Policy):
             return None
         self._refresh(slots)
         coef, z, n_draws, igw = rule
+        new_rows, new_share = self._new_arm_rule()
         p = np.empty(len(slots))
         chosen = _fastscore.choose(
-            self._arrays["factor"], slots, np.ascontiguousarray(X), coef, z, n_draws, igw, self.eps0, rng.random(), p
+            self._arrays["factor"], slots, np.ascontiguousarray(X), coef, z, n_draws, igw, self.eps0, rng.random(), p,
+            self._arrays["count"], new_rows, new_share,
         )
         return Choice(p, chosen, float(p[chosen]))
+
+    def _new_arm_rule(self) -> tuple[int, float]:
+        """``(new_arm_rows, new_arm_share)`` of inverse-gap weighting's new arms (LinIGW's "New
+        arms"); ``(0, 0.0)``: none."""
+        return 0, 0.0
 
     def _shared_terms(self, X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """For the one shared model: ``X theta`` (K,) and ``M = X L`` (K, d), rows ``L^T x_k``."""

@@ -236,9 +236,10 @@ CONFIRM_T = 3.0
 #: there is one): the mean of a few rows says little either way.
 CONFIRM_ROWS = 8
 #: Deciding settings by the direction in which they explore more: ``alpha`` (LinUCB's and IGW's
-#: optimism), ``v`` (Thompson sampling's spread) and ``eps0`` up; IGW's ``gamma_scale`` and
-#: ``gamma_exponent`` down.
-_EXPLORING = (("alpha", 1), ("v", 1), ("eps0", 1), ("gamma_scale", -1), ("gamma_exponent", -1))
+#: optimism), ``v`` (Thompson sampling's spread), ``eps0`` and IGW's new arms' ``new_arm_rows``
+#: and ``new_arm_share`` up; IGW's ``gamma_scale`` and ``gamma_exponent`` down.
+_EXPLORING = (("alpha", 1), ("v", 1), ("eps0", 1), ("new_arm_rows", 1), ("new_arm_share", 1), ("gamma_scale", -1),
+              ("gamma_exponent", -1))
 #: (first, later) member labels already warned of in this process (:meth:`Portfolio._warn_of_order`).
 _WARNED_ORDER: set[tuple[str, str]] = set()
 #: Settings a portfolio may give every member (a member's own value wins).
@@ -259,7 +260,8 @@ _WHERE_IT_APPLIES = frozenset({"huber_q"})
 #: other continuous streams decided alike to the digit, the 0/1 ones are never weighed.
 FOURIER_HUBER_Q = 0.0
 #: Parameters that shape only how a per-arm linear member decides, never what it learns.
-_DECIDING = frozenset({"alpha", "v", "n_draws", "gamma_scale", "gamma_exponent", "eps0", "seed"})
+_DECIDING = frozenset({"alpha", "v", "n_draws", "gamma_scale", "gamma_exponent", "eps0", "new_arm_rows", "new_arm_share",
+                       "seed"})
 #: Member keys the portfolio reads itself: the member learns on random Fourier features of the row.
 _FEATURES = ("fourier", "fourier_scale")
 #: ... and ``alarms_from``: the label of an earlier member whose change detector's alarms send
