@@ -348,6 +348,9 @@ def test_lin_igw_raises_a_new_arm_to_its_posterior_chance_checked_by_hand():
     q = capped.probabilities(np.ones((3, 1)), ["a", "c", "d"], rng=0).probabilities
     np.testing.assert_allclose(q, [1 / 3, 1 / 3, 1 / 3], atol=1e-12)
     assert LinIGW(dim=1).new_arm_rows == 5 and LinIGW(dim=1).new_arm_share == 0.1
+    # the defaults stay out of the parameters (an SDK from before them loads the snapshot); others round-trip
+    assert not {"new_arm_rows", "new_arm_share"} & set(LinIGW(dim=1).get_params())
+    assert LinIGW(**LinIGW(dim=1, new_arm_rows=3, new_arm_share=0.0).get_params()).get_params()["new_arm_rows"] == 3
     for bad in ({"new_arm_rows": -1}, {"new_arm_rows": 2.5}, {"new_arm_share": 1.5}, {"new_arm_share": True}):
         with pytest.raises(ValueError, match=next(iter(bad))):
             LinIGW(dim=1, **bad)

@@ -63,6 +63,9 @@ class LinIGW(RobustLearning, DriftDetection, LinearPolicy):
         p_k = max(1 / (K + gamma_t * (s_b - s_k)), min(q_k, 1 / K))
 
     (``Phi(x) = erfc(-x / sqrt 2) / 2``, in closed form as the rest: exact and deterministic).
+    The defaults are left out of the policy's parameters (:meth:`get_params`), as robust
+    learning's are, so an SDK from before new arms decides with a default domain's snapshots
+    (without the new arms' share: upgrade the SDKs to have it).
     An arm far behind on a confident model is never new; one the first rows say little about is
     tried until they say more. On that seed, 2,649 regret; on many_arms over seeds 0-8, 3,422 to
     2,674 (the worst seed 6,255 to 3,027); ten arms or fewer and the datasets, whose first batch
@@ -128,6 +131,13 @@ class LinIGW(RobustLearning, DriftDetection, LinearPolicy):
         self.gamma_exponent = float(gamma_exponent)
         self.alpha = None if alpha is None else float(alpha)
         super().__init__(dim, eps0=eps0, **kwargs)
+
+    def get_params(self) -> dict[str, Any]:
+        params = super().get_params()
+        for name, default in (("new_arm_rows", NEW_ARM_ROWS), ("new_arm_share", NEW_ARM_SHARE)):
+            if params[name] == default:  # left out, so an SDK from before new arms loads the snapshot
+                del params[name]
+        return params
 
     def alpha_for(self, K: int) -> float:
         """The optimism for a decision among ``K`` candidates: ``alpha`` when set, otherwise
