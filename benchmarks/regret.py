@@ -19,6 +19,7 @@ library expects them):
 
 - **ours**: a domain declared with defaults, ``DomainSettings()``: a portfolio of ``lin_igw``
   (inverse-gap weighting over UCB scores: alpha=0.3, gamma_t = 300 sqrt(t), floor eps0=0.01,
+  an arm of fewer than 5 rows at least 0.1 x its posterior chance of beating the best score,
   ridge prior 1), the same forgetting (gamma 0.995) and SquareCB on 128 random Fourier features
   of the row, ``lin_igw`` acting first; before each batch is learned every member scores its
   rows and the log's paired (doubly robust) estimate may switch who acts, as the publisher

@@ -314,9 +314,9 @@ class LinearPolicy(Policy):
     def _compiled_rule(self, K: int, rng: np.random.Generator) -> tuple[float, np.ndarray | None, int, float] | None:
         """``(coef, z, n_draws, igw)`` for ``_fastscore.choose``, on the scores
         ``mean + coef * width``: greedy when ``z`` is None and ``igw`` is 0, inverse-gap weighting
-        with learning rate ``igw`` when it is positive (new arms raised by :meth:`_new_arm_rule`), else Thompson draws from the normals ``z``
-        (drawn here, as the numpy path draws them) with scale ``coef * width``; None when the
-        policy has no compiled rule."""
+        with learning rate ``igw`` when it is positive (new arms raised by :meth:`_new_arm_rule`),
+        else Thompson draws from the normals ``z`` (drawn here, as the numpy path draws them) with
+        scale ``coef * width``; None when the policy has no compiled rule."""
         return None
 
     def _compiled_choice(self, X: np.ndarray, slots: np.ndarray, rng: np.random.Generator) -> Choice | None:
