@@ -405,7 +405,14 @@ choose(PyObject *module, PyObject *args)
         release_inputs(&in);
         return NULL;
     }
-    if (have_count && get_array(count_obj, &count_view, 1, 'n', 0, "count") < 0) {
+    if (have_count && get_array(count_obj, &count_view, 1, 'n', 0, "count") < 0)
+        have_count = -1;
+    else if (have_count && count_view.shape[0] < in.F.shape[0]) {
+        PyErr_SetString(PyExc_ValueError, "count needs one value per arm slot of factor");
+        PyBuffer_Release(&count_view);
+        have_count = -1;
+    }
+    if (have_count < 0) {
         if (have_z)
             PyBuffer_Release(&z_view);
         PyBuffer_Release(&p_view);
@@ -415,7 +422,7 @@ choose(PyObject *module, PyObject *args)
     /* new arms only under inverse-gap weighting, and only when a candidate's arm is new */
     const Py_ssize_t *count = have_count ? count_view.buf : NULL, *slot = in.slots.buf;
     int new_arms = 0;
-    if (have_count && !have_z && igw > 0.0 && new_share > 0.0 && count_view.shape[0] >= in.F.shape[0])
+    if (have_count && !have_z && igw > 0.0 && new_share > 0.0)
         for (Py_ssize_t k = 0; k < K && !new_arms; k++)
             new_arms = count[slot[k]] < new_rows;
     Py_ssize_t chosen = -1;
@@ -426,8 +433,6 @@ choose(PyObject *module, PyObject *args)
         PyErr_SetString(PyExc_ValueError, "z must be (ceil(n_draws / 2), K) with n_draws >= 1");
     else if (!(igw >= 0.0 && isfinite(igw)))
         PyErr_SetString(PyExc_ValueError, "igw must be finite and >= 0");
-    else if (have_count && count_view.shape[0] < in.F.shape[0])
-        PyErr_SetString(PyExc_ValueError, "count needs one value per arm slot of factor");
     else if (!(new_share >= 0.0 && new_share <= 1.0))
         PyErr_SetString(PyExc_ValueError, "new_share must be in [0, 1]");
     else if ((mean = PyMem_Malloc(4 * K * sizeof(double))) == NULL)
