@@ -275,7 +275,8 @@ class Playground:
             "publish": {"keys_dir": str(self.workdir / "keys"), "every_updates": 1 << 40, "every_seconds": 1e9,
                         "on_drift": "flag"},
             "sdk": {"cache_dir": str(self.workdir / "cache")},
-            # one producer, one partition, on loopback: records arrive in order and at once
+            # one partition on loopback: records arrive at once (from an SDK per domain; a gap a
+            # fetch steps over meanwhile is read again, streams._gaps)
             "join": {"sweep_interval_s": 0.2, "grace_s": 0.25, "in_flight_margin_s": 0.25, "normalizer_every_s": 0.2},
             "learn": {"emit_every_s": 0.3},
             "domains": domains,

@@ -22,6 +22,8 @@ from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
 
+from streams._gaps import GapCheck
+
 _EOF = KafkaError._PARTITION_EOF
 
 log = logging.getLogger("banditstream.join")
@@ -112,10 +114,15 @@ class SourceReader:
     that reached its end, with no record since, and whose records are all handled
     (``position >= end``), holds everything that reached the broker before the start of the
     last poll that drained the queue, less one fetch wait (:meth:`complete_at`).
+
+    A gap in a partition's offsets is read again for ``gap_confirm_s`` before it counts as a
+    hole in the log (:class:`~streams._gaps.GapCheck`); meanwhile the partition is not read to
+    its end.
     """
 
     def __init__(self, config: dict[str, Any], decisions: str, rewards: str, *, hold: RewardHold,
-                 fetch_wait_ms: int, batch_max: int, stats_interval_ms: int = 500) -> None:
+                 fetch_wait_ms: int, batch_max: int, stats_interval_ms: int = 500, gap_confirm_s: float = 0.0,
+                 on_gap: Callable[[str, str], None] | None = None) -> None:
         self.consumer = Consumer({
             **config, "enable.partition.eof": True, "enable.auto.commit": False,
             "statistics.interval.ms": stats_interval_ms, "stats_cb": self._stats,
@@ -143,6 +150,7 @@ class SourceReader:
         #: (topic, partition) -> wall ms its broker was last heard before its latest silence.
         self.silenced: dict[tuple[str, int], float] = {}
         self.generation = 0
+        self.gaps = GapCheck(self.consumer, gap_confirm_s, on_gap=on_gap)
         self._paused: set[int] = set()
         self._lock = threading.Lock()  # assign() on the event loop, read() on the reading thread
         self._next_warning = 0.0
@@ -152,6 +160,7 @@ class SourceReader:
         with self._lock:
             if self._paused:  # a partition must not stay paused across assignments
                 self.consumer.resume(self._tps(self._paused))
+            self.gaps.expect(starts)  # (resumes what it held)
             self.consumer.assign([TopicPartition(t, p, OFFSET_BEGINNING if o is None else o) for (t, p), o in sorted(starts.items())])
             self.assigned = set(starts)
             self.hold.clear()
@@ -172,19 +181,25 @@ class SourceReader:
             return generation, self._take(messages, started), len(messages)
 
     def _take(self, messages: list, started: float) -> list:
-        decisions, rewards, hold, at_end = self.decisions, self.rewards, self.hold, self.at_end
+        decisions, rewards, hold, at_end, gaps = self.decisions, self.rewards, self.hold, self.at_end, self.gaps
+        gaps.tick(blocked=[(rewards, p) for p in self._paused])
         out: list = []
         for message in messages:
             error = message.error()
             topic, partition = message.topic(), message.partition()
             if error is not None:
                 if error.code() == _EOF:
-                    at_end[(topic, partition)] = message.offset()
+                    end = gaps.end((topic, partition), message.offset())
+                    if end is not None:  # (else a gap before it is read again)
+                        at_end[(topic, partition)] = end
                 elif error.fatal():
                     raise RuntimeError(f"reading {topic}/{partition}: {error}")
                 elif time.monotonic() >= self._next_warning:  # librdkafka retries by itself
                     self._next_warning = time.monotonic() + 10.0
                     log.warning("join: reading %s/%s: %s (retrying)", topic, partition, error)
+                continue
+            if not gaps.admit(message):
+                at_end.pop((topic, partition), None)
                 continue
             if at_end:
                 at_end.pop((topic, partition), None)
@@ -296,7 +311,7 @@ class SourceReader:
         if over:
             self.consumer.pause(self._tps(over))
             self._paused |= over
-        resume = {p for p in self._paused if hold.count(p) <= hold.max_held // 2}
+        resume = {p for p in self._paused if hold.count(p) <= hold.max_held // 2 and (self.rewards, p) not in self.gaps.held}
         if resume:
             self.consumer.resume(self._tps(resume))
             self._paused -= resume

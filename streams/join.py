@@ -336,7 +336,8 @@ class JoinWorker:
             reader_config, config.topics.decisions, config.topics.rewards,
             hold=RewardHold(int(self.options.reward_lead_s * 1000), self.options.rewards_held_max),
             fetch_wait_ms=int(reader_config.get("fetch.wait.max.ms", 500)),  # librdkafka's default
-            batch_max=self.options.batch_max,
+            batch_max=self.options.batch_max, gap_confirm_s=self.profile.gap_confirm_s,
+            on_gap=lambda topic, outcome: self.metrics.log_gaps.labels("join", topic, outcome).inc(),
         )  # fmt: skip
         self._reading = ThreadPoolExecutor(1, thread_name_prefix="join-reader")
         self.parts: dict[int, PartitionState] = {}

@@ -28,6 +28,10 @@ class WorkerMetrics:
             "banditstream_output_retries", "Batches sent again after a broker outage or a producer error.",
             ["worker", "output"], registry=r,
         )
+        self.log_gaps = Counter(
+            "banditstream_log_gaps", "Gaps in a partition's offsets: read again (reread), then taken as a hole in "
+            "the log if still there (hole).", ["worker", "topic", "outcome"], registry=r,
+        )  # fmt: skip
         self.dead_letters = Counter("banditstream_dead_letters", "Records dead-lettered, by reason.", ["worker", "reason"], registry=r)
         self.batch_size = Histogram(
             "banditstream_batch_size", "Records per applied batch.", ["worker"], registry=r,

@@ -14,7 +14,10 @@ defects (shared/INFRA.md) we design around:
 - a fetch waiting at the log end is answered only when its wait runs out, not when records
   arrive meanwhile (measured: with a 1.5 s wait a record produced into a waiting fetch
   reached the consumer ~0.4-1.5 s later; with 0.1 s, within 0.1 s), so every consumer's
-  fetch wait is kept short: a caught-up join stalled up to 1.5 s on faust's default.
+  fetch wait is kept short: a caught-up join stalled up to 1.5 s on faust's default;
+- a produce raises the partition's end before it stores its batch, so with two producers on
+  a partition a fetch can step over records stored a moment later: readers read a gap again
+  for ``gap_confirm_s`` before they take it as a hole (streams._gaps).
 """
 
 from __future__ import annotations
@@ -41,6 +44,10 @@ class BrokerProfile:
     trusts_queried_end_offsets: bool = True
     #: Whether transactional exactly-once processing works end to end.
     supports_exactly_once: bool = True
+    #: How long a gap in a partition's offsets must last before a reader takes it as a hole in
+    #: the log (seconds; streams._gaps): 0 for a broker whose fetches never step over records
+    #: still being stored.
+    gap_confirm_s: float = 0.0
 
 
 PROFILES: dict[str, BrokerProfile] = {
@@ -60,6 +67,7 @@ PROFILES: dict[str, BrokerProfile] = {
         fetch_max_wait_ms=100,
         trusts_queried_end_offsets=False,
         supports_exactly_once=False,
+        gap_confirm_s=1.0,
     ),
 }
 

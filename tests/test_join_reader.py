@@ -223,3 +223,32 @@ def test_a_broker_heard_again_before_its_partitions_come_back_to_it_still_ends_t
     assert reader.outage("r", 0) == (heard, back) and reader.outage("d", 0) == (heard, back)
     report(40, parts)  # and back in its report: nothing changes
     assert reader.outage("r", 0) == (heard, back)
+
+
+def test_a_gap_is_read_again_before_the_partition_counts_as_read_to_its_end(kafka, topics):
+    """The reader is placed at 8 while its gap check expects 5, as when a fetch at 5 was
+    answered from 8 (Tansu, two producers on a partition: streams._gaps). 5..7 come, in
+    order, before anything after them, and the partition is not read to its end meanwhile."""
+    ensure_topics(kafka, topics)
+    producer = Producer(kafka.producer_config())
+    base = int(time.time() * 1000) - 60_000
+    for i in range(10):
+        producer.produce(topics.decisions, f"d{i}".encode(), partition=3, timestamp=base + i)
+    producer.flush(10)
+    reader = SourceReader(
+        kafka.consumer_config(f"reader-{topics.decisions}"), topics.decisions, topics.rewards,
+        hold=RewardHold(0, 1000), fetch_wait_ms=100, batch_max=1000, gap_confirm_s=0.5,
+    )  # fmt: skip
+    try:
+        reader.assign({(topics.decisions, 3): 8, (topics.rewards, 3): None})
+        reader.gaps.expected[(topics.decisions, 3)] = 5
+        first = reader.read(0.5)[1]
+        while not first and not reader.gaps.held:
+            first = reader.read(0.2)[1]
+        assert first == [] and (topics.decisions, 3) in reader.gaps.held  # 8 and 9 held back
+        assert reader.complete_at(topics.decisions, 3, 10) is None
+        got = [m.value().decode() for m in _read_all(reader, 5)]
+        assert got == ["d5", "d6", "d7", "d8", "d9"]
+        assert reader.gaps.rereads == 1 and reader.gaps.holes == 0
+    finally:
+        reader.close()

@@ -24,6 +24,7 @@ from confluent_kafka import Consumer, TopicPartition
 from banditstream.config import Settings
 from learner.domain import DomainSettings
 from learner.features import FeatureEncoder
+from streams.client import EventProducer
 from streams.join import MAX_DEAD_LETTER_VALUE, JoinOptions
 from streams.serde import AvroSerde
 from streams.topics import ensure_topics
@@ -249,6 +250,54 @@ def test_every_decision_yields_exactly_one_update_with_the_right_aggregate(kafka
     assert joins == {"rewarded": statuses["rewarded"], "default": statuses["default"]}
     assert late_metric == len(work.late)
     assert duplicate_metric > 0
+
+
+class _TransactionalSender(H.Sender):
+    """Sends in transactions of ``every`` events: each commit leaves a control record in every
+    partition it wrote, an offset no reader is handed (a hole in the log)."""
+
+    def __init__(self, kafka, topics, every: int):
+        super().__init__(kafka, topics)
+        self.producer = EventProducer(kafka, **{"transactional.id": f"tx-{topics.decisions}", "message.max.bytes": 4_000_000})
+        self.transactions = self.producer._producer
+        self.transactions.init_transactions(30)
+        self.transactions.begin_transaction()
+        self.every, self.sent, self.commits = every, 0, 0
+
+    def decision(self, record: dict) -> None:
+        super().decision(record)
+        self._sent()
+
+    def reward(self, record: dict) -> None:
+        super().reward(record)
+        self._sent()
+
+    def _sent(self) -> None:
+        self.sent += 1
+        if self.sent % self.every == 0:
+            self.flush()
+            self.transactions.begin_transaction()
+
+    def flush(self) -> None:
+        self.transactions.commit_transaction(60)
+        self.commits += 1
+
+
+def test_holes_a_transactional_producer_leaves_in_the_sources_are_read_again_then_taken(kafka, topics, tmp_path):
+    """Decisions and rewards sent in transactions: the readers meet a gap after each commit,
+    read it again for the profile's ``gap_confirm_s``, then take it as a hole. Every decision
+    is joined with its on-time rewards, none waits for an offset that never comes."""
+    ensure_topics(kafka, topics)
+    config = H.settings(kafka, topics, tmp_path / "state", domains=_domains()).worker_config()
+    work = Workload(kafka, topics, 1_500, seed=3, rate=1500.0)
+    work.sender = _TransactionalSender(kafka, topics, every=800)
+    with H.JoinThread(config) as worker:
+        work.run()  # (its last flush commits the last transaction)
+        updates = H.read_topic(kafka, topics.updates, "update", until=H.every_event(work.decisions), idle_s=2,
+                               timeout_s=180, check=worker.check)
+    assert work.sender.commits >= 3
+    _assert_every_decision_joined_right(kafka, topics, work, updates)
+    assert max(H.by_event_id(updates).values()) == 1
 
 
 def test_kill_9_mid_run_then_restart_loses_no_decision(kafka, topics, tmp_path):
