@@ -24,6 +24,7 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartition
 
+from streams._gaps import GapCheck
 from streams.errors import DecodeError
 from streams.serde import AvroSerde
 from streams.settings import KafkaSettings
@@ -136,16 +137,22 @@ class Batch:
 
 
 class BatchConsumer:
-    """A consumer-group member that polls in batches and decodes them in bulk."""
+    """A consumer-group member that polls in batches and decodes them in bulk; a gap in a
+    partition's offsets is read again before it counts as a hole (:mod:`streams._gaps`)."""
 
     def __init__(self, kafka: KafkaSettings, group_id: str, topics: Sequence[str], **overrides: Any):
         self.config = kafka.consumer_config(group_id, **overrides)
         self._consumer = Consumer(self.config)
-        self._consumer.subscribe(list(topics))
+        self._gaps = GapCheck(self._consumer, kafka.broker_profile.gap_confirm_s)
+        self._consumer.subscribe(list(topics), on_revoke=self._forget, on_lost=self._forget)
+
+    def _forget(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        self._gaps.forget((tp.topic, tp.partition) for tp in partitions)
 
     def poll_batch(self, serde: AvroSerde, *, max_records: int = 1000, timeout: float = 1.0) -> Batch:
         """One ``consume`` call, decoded; broker errors other than end-of-partition raise."""
         messages = self._consumer.consume(max_records, timeout)
+        self._gaps.tick()
         batch = Batch()
         good: list[Message] = []
         for message in messages:
@@ -154,6 +161,8 @@ class BatchConsumer:
                 if error.code() == KafkaError._PARTITION_EOF:
                     continue
                 raise DeliveryError(f"consume failed: {error.str()}")
+            if not self._gaps.admit(message):
+                continue
             good.append(message)
             batch.next_offsets[(message.topic(), message.partition())] = message.offset() + 1
         decoded = serde.decode_batch([m.value() for m in good])

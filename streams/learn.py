@@ -111,6 +111,7 @@ from learner.policies import SHARED_ARM
 from learner.policies.base import FORMAT_MAJOR
 from learner.statelock import StateLock
 from learner.store import ArmKey, PosteriorStore
+from streams._gaps import GapCheck
 from streams._learn_rebuild import read_published
 from streams._learn_shard import RESET, BlockStats, DomainModel, ShardLearner, Update
 from streams.client import EventProducer
@@ -288,6 +289,7 @@ class Learner:
         self._producer = Producer(config.kafka.producer_config())
         self._delivery_failures = 0
         self._consumer: Consumer | None = None
+        self._gaps: GapCheck  # on the consumer, once it is made
 
         self._shards: dict[int, ShardLearner] = {}
         self._parked: dict[int, ShardLearner] = {}  # revoked, kept in case they come straight back
@@ -325,10 +327,13 @@ class Learner:
             )
         )
         self._consumer = consumer
+        self._gaps = GapCheck(consumer, self.config.kafka.broker_profile.gap_confirm_s,
+                              on_gap=lambda topic, outcome: self.metrics.log_gaps.labels(WORKER, topic, outcome).inc())
         consumer.subscribe([self.topic], on_assign=self._on_assign, on_revoke=self._on_revoke, on_lost=self._on_lost)
         try:
             while not stop.is_set():
                 messages = consumer.consume(self.options.max_poll_records, self.options.poll_timeout_s)
+                self._gaps.tick()
                 if messages:
                     self._handle(messages)
                 self._maybe_publish()
@@ -337,10 +342,12 @@ class Learner:
 
     def _handle(self, messages: list[Message]) -> None:
         good: list[Message] = []
+        admit = self._gaps.admit
         for message in messages:
             error = message.error()
             if error is None:
-                good.append(message)
+                if admit(message):  # (else read again: see streams._gaps)
+                    good.append(message)
             elif error.code() != KafkaError._PARTITION_EOF:
                 log.warning("consume error: %s", error.str())
         if not good:
@@ -596,6 +603,7 @@ class Learner:
             if parked is not None:  # everything before its position was checked by this process
                 self._dead_letter_from[tp.partition] = shard.position
             tp.offset = min(shard.position, self._dead_letter_from[tp.partition])
+        self._gaps.expect({(self.topic, tp.partition): tp.offset for tp in partitions})
         consumer.assign(partitions)
         for partition in list(self._parked):
             self._close(self._parked.pop(partition))
@@ -603,6 +611,7 @@ class Learner:
         log.info("assigned %s", sorted(self._shards))
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        self._gaps.forget((self.topic, tp.partition) for tp in partitions)
         owned = [tp.partition for tp in partitions if tp.partition in self._shards]
         self._publish(owned, sync_commit=True)
         for partition in owned:
@@ -611,6 +620,7 @@ class Learner:
 
     def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         # Another member may own them already: publish and commit nothing.
+        self._gaps.forget((self.topic, tp.partition) for tp in partitions)
         for tp in partitions:
             shard = self._shards.pop(tp.partition, None)
             if shard is not None:

@@ -17,6 +17,7 @@ import threading
 from pathlib import Path
 
 import pytest
+from confluent_kafka import Producer
 
 from banditstream.devstack import free_port
 from learner.store import PosteriorStore
@@ -132,6 +133,42 @@ def test_learned_posterior_equals_the_in_process_fold_of_the_same_updates(kafka,
         assert states
         for key, state in states.items():
             assert state.update_count <= published[key]["update_count"]
+
+
+@pytest.mark.integration
+def test_updates_sent_in_transactions_are_all_learned_across_the_holes_their_commits_leave(kafka, topics, tmp_path):
+    """Each commit leaves a control record in every partition it wrote: a gap the learner
+    reads again for the profile's ``gap_confirm_s`` (streams._gaps), then takes as a hole.
+    Nothing after one is skipped or learned twice: the posterior is the in-process fold."""
+    ensure_topics(kafka, topics)
+    updates = h.make_updates(3_000, seed=4)
+    producer = Producer(kafka.producer_config(**{"transactional.id": f"tx-{topics.updates}"}))
+    producer.init_transactions(30)
+    placed: list = [None] * len(updates)
+
+    def report(i):
+        def on_delivery(error, message):
+            assert error is None, error
+            placed[i] = (message.partition(), message.offset())
+
+        return on_delivery
+
+    for start in range(0, len(updates), 1_000):  # three transactions
+        producer.begin_transaction()
+        for i, (key, value) in enumerate(h.encode_updates(updates[start:start + 1_000]), start):
+            producer.produce(topics.updates, value=value, key=key, on_delivery=report(i))
+        producer.commit_transaction(60)
+    produced = h.Produced(placed)
+    assert len(set(placed)) == len(updates) and max(o for _, o in placed) >= len(updates) // 4  # markers between
+
+    config = h.worker_config(kafka, topics, tmp_path, group_id="learn-tx", block_size=128)
+    with learner_in_thread(config) as learner:
+        h.wait_published(kafka, "learn-tx", topics, produced.ends(), timeout=90)
+        holes = h.metric(learner.metrics.port, "banditstream_log_gaps_total", outcome="hole")
+        assert holes >= 2 * topics.update_partitions  # the two markers between transactions, in each
+        assert h.metric(learner.metrics.port, "banditstream_log_gaps_total", outcome="reread") >= holes
+        assert h.metric(learner.metrics.port, "banditstream_records_in_total") == len(updates)
+    h.assert_matches_reference(h.latest_posterior(kafka, topics), h.reference(updates, placed))
 
 
 # -- 2 -----------------------------------------------------------------------------------------
