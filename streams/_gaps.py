@@ -69,11 +69,14 @@ class GapCheck:
     def admit(self, message: Any) -> bool:
         """Whether to hand ``message`` (a record, not an error event) on now."""
         key = (message.topic(), message.partition())
-        if key in self.held:
+        if self.held and key in self.held:
             return False  # fetched before its partition was sought back
         offset = message.offset()
-        if self._taken(key, offset):
+        expected = self.expected.get(key)
+        if offset == expected or expected is None or self._taken(key, offset):
             self.expected[key] = offset + 1
+            if self.sighted:
+                self.sighted.pop(key, None)
             return True
         return False
 
@@ -130,11 +133,15 @@ class GapCheck:
         self._resume(key for key in due if key not in blocked)
 
     def forget(self, keys: Iterable[Key]) -> None:
-        """These partitions are no longer read here (revoked)."""
+        """These partitions are no longer read here (being revoked). Those held are resumed:
+        nothing of this check outlives the assignment."""
+        held = []
         for key in keys:
             self.expected.pop(key, None)
             self.sighted.pop(key, None)
-            self.held.pop(key, None)
+            if self.held.pop(key, None) is not None:
+                held.append(key)
+        self._resume(held)
 
     def _count(self, key: Key, outcome: str) -> None:
         if outcome == "hole":

@@ -125,6 +125,7 @@ def test_a_partition_the_caller_paused_is_left_for_it_to_resume_and_a_revoked_on
     assert _admitted(check, [3], partition=1) == [] and ("t", 1) in check.held
     check.forget([("t", 1)])
     assert ("t", 1) not in check.expected and not check.held and ("t", 1) not in check.sighted
+    assert consumer.calls[-1] == ("resume", "t", 1)  # not left paused for a later assignment
 
 
 def test_an_end_past_the_last_record_is_read_again_then_the_partition_is_read_to_its_last_record():
