@@ -797,6 +797,9 @@ class Bench:
                 values[f"dead_letters_{worker}_{_label(k, 'reason')}"] = v
             for k, v in samples.get("banditstream_duplicates_total", {}).items():
                 values[f"duplicates_{worker}_{_label(k, 'kind')}"] = v
+            for k, v in samples.get("banditstream_log_gaps_total", {}).items():  # (streams._gaps)
+                key = f"log_gaps_{worker}_{_label(k, 'outcome')}"
+                values[key] = values.get(key, 0.0) + v
         values.update(
             join_batches=_total(join, "banditstream_batch_size_count"),
             join_batched_records=_total(join, "banditstream_batch_size_sum"),
