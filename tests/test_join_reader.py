@@ -242,8 +242,9 @@ def test_a_gap_is_read_again_before_the_partition_counts_as_read_to_its_end(kafk
     try:
         reader.assign({(topics.decisions, 3): 8, (topics.rewards, 3): None})
         reader.gaps.expected[(topics.decisions, 3)] = 5
-        first = reader.read(0.5)[1]
+        first, deadline = reader.read(0.5)[1], time.monotonic() + 10
         while not first and not reader.gaps.held:
+            assert time.monotonic() < deadline, "8 and 9 were never fetched"
             first = reader.read(0.2)[1]
         assert first == [] and (topics.decisions, 3) in reader.gaps.held  # 8 and 9 held back
         assert reader.complete_at(topics.decisions, 3, 10) is None
