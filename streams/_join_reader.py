@@ -198,11 +198,10 @@ class SourceReader:
                     self._next_warning = time.monotonic() + 10.0
                     log.warning("join: reading %s/%s: %s (retrying)", topic, partition, error)
                 continue
-            if not gaps.admit(message):
-                at_end.pop((topic, partition), None)
-                continue
             if at_end:
                 at_end.pop((topic, partition), None)
+            if not gaps.admit(message):
+                continue
             if topic == rewards:
                 hold.reward(partition, message.timestamp()[1], message)
             else:

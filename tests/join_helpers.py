@@ -287,3 +287,26 @@ def raw_records(kafka: KafkaSettings, topic: str, partitions: int, *, idle_s: fl
             records.append(message)
     consumer.close()
     return records
+
+
+class Message:
+    """What SourceReader reads of a librdkafka Message (or of an end-of-partition event)."""
+
+    def __init__(self, topic: str, partition: int, offset: int, timestamp: int = 0, eof: bool = False):
+        self._topic, self._partition, self._offset, self._timestamp = topic, partition, offset, timestamp
+        self._error = KafkaError(KafkaError._PARTITION_EOF) if eof else None
+
+    def error(self):
+        return self._error
+
+    def topic(self) -> str:
+        return self._topic
+
+    def partition(self) -> int:
+        return self._partition
+
+    def offset(self) -> int:
+        return self._offset
+
+    def timestamp(self) -> tuple[int, int]:
+        return (1, self._timestamp)

@@ -14,20 +14,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 
 from streams._gaps import GapCheck
 from streams.topics import ensure_topics
-
-
-class _Message:
-    def __init__(self, offset: int, topic: str = "t", partition: int = 0):
-        self._topic, self._partition, self._offset = topic, partition, offset
-
-    def topic(self) -> str:
-        return self._topic
-
-    def partition(self) -> int:
-        return self._partition
-
-    def offset(self) -> int:
-        return self._offset
+from tests import join_helpers as H
 
 
 class _Consumer:
@@ -55,7 +42,7 @@ class _Clock:
 
 
 def _admitted(check: GapCheck, offsets, partition: int = 0) -> list[int]:
-    return [o for o in offsets if check.admit(_Message(o, partition=partition))]
+    return [o for o in offsets if check.admit(H.Message("t", partition, o))]
 
 
 def test_a_passing_gap_is_read_again_from_the_offset_missing_and_nothing_is_skipped():

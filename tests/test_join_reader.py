@@ -9,6 +9,7 @@ from confluent_kafka import KafkaError, Producer
 
 from streams._join_reader import RewardHold, SourceReader
 from streams.topics import ensure_topics
+from tests import join_helpers as H
 
 
 def _reader(kafka, topics, **hold) -> SourceReader:
@@ -65,29 +66,6 @@ def test_rewards_come_after_the_decisions_stamped_before_them_and_the_end_is_kno
         reader.close()
 
 
-class _Message:
-    """What SourceReader reads of a librdkafka Message (or of an end-of-partition event)."""
-
-    def __init__(self, topic: str, partition: int, offset: int, timestamp: int = 0, eof: bool = False):
-        self._topic, self._partition, self._offset, self._timestamp = topic, partition, offset, timestamp
-        self._error = KafkaError(KafkaError._PARTITION_EOF) if eof else None
-
-    def error(self):
-        return self._error
-
-    def topic(self) -> str:
-        return self._topic
-
-    def partition(self) -> int:
-        return self._partition
-
-    def offset(self) -> int:
-        return self._offset
-
-    def timestamp(self) -> tuple[int, int]:
-        return (1, self._timestamp)
-
-
 def test_rewards_wait_while_their_decisions_lag_and_too_many_pause_their_partition(kafka, topics):
     """Rewards stamped after every decision read stay held; past ``max_held`` the rewards
     partition is paused; once the decisions are read to their end every reward goes, in
@@ -98,17 +76,17 @@ def test_rewards_wait_while_their_decisions_lag_and_too_many_pause_their_partiti
     try:
         reader.assign({(topics.decisions, 1): None, (topics.rewards, 1): None})
         base = 1_800_000_000_000
-        batch = [_Message(topics.decisions, 1, 0, base)]
-        batch += [_Message(topics.rewards, 1, i, base + 30_000 + i) for i in range(50)]
+        batch = [H.Message(topics.decisions, 1, 0, base)]
+        batch += [H.Message(topics.rewards, 1, i, base + 30_000 + i) for i in range(50)]
         out = reader._take(batch, time.time() * 1000)
         assert [(m.topic(), m.offset()) for m in out] == [(topics.decisions, 0)]
         assert reader.hold.count(1) == 50 and reader._paused == {1}
 
-        out = reader._take([_Message(topics.decisions, 1, 1, base + 30_020)], time.time() * 1000)
+        out = reader._take([H.Message(topics.decisions, 1, 1, base + 30_020)], time.time() * 1000)
         assert [m.offset() for m in out] == [1] + list(range(21))  # up to the newest decision's time
         assert reader._paused == {1}  # 29 still wait: above half of max_held
 
-        out = reader._take([_Message(topics.decisions, 1, 2, eof=True)], time.time() * 1000)
+        out = reader._take([H.Message(topics.decisions, 1, 2, eof=True)], time.time() * 1000)
         assert [m.offset() for m in out] == list(range(21, 50))  # the decisions' end: all the rest
         assert reader.hold.count(1) == 0 and reader._paused == set()
     finally:
@@ -120,9 +98,9 @@ def test_a_transient_read_error_is_logged_and_reading_goes_on(kafka, topics, cap
     reader = _reader(kafka, topics)
     try:
         reader.assign({(topics.decisions, 0): None, (topics.rewards, 0): None})
-        transient = _Message(topics.decisions, 0, 0)
+        transient = H.Message(topics.decisions, 0, 0)
         transient._error = KafkaError(KafkaError._TRANSPORT)
-        out = reader._take([transient, _Message(topics.decisions, 0, 0, 1)], time.time() * 1000)
+        out = reader._take([transient, H.Message(topics.decisions, 0, 0, 1)], time.time() * 1000)
         assert [m.offset() for m in out] == [0]
         assert "retrying" in caplog.text
     finally:
@@ -139,15 +117,15 @@ def test_rewards_read_to_their_end_but_still_held_are_not_handled(kafka, topics)
     try:
         reader.assign({(topics.decisions, 2): None, (topics.rewards, 2): None})
         base = 1_800_000_000_000
-        batch = [_Message(topics.rewards, 2, i, base + 5_000 + i) for i in range(3)]
-        batch += [_Message(topics.rewards, 2, 3, eof=True), _Message(topics.decisions, 2, 0, base)]
+        batch = [H.Message(topics.rewards, 2, i, base + 5_000 + i) for i in range(3)]
+        batch += [H.Message(topics.rewards, 2, 3, eof=True), H.Message(topics.decisions, 2, 0, base)]
         out = reader._take(batch, time.time() * 1000)
         assert [(m.topic(), m.offset()) for m in out] == [(topics.decisions, 0)]
         assert reader.complete_at(topics.rewards, 2, None) is None  # nothing handled, all held
-        out = reader._take([_Message(topics.decisions, 2, 1, base + 5_001)], time.time() * 1000)
+        out = reader._take([H.Message(topics.decisions, 2, 1, base + 5_001)], time.time() * 1000)
         assert [m.offset() for m in out] == [1, 0, 1]
         assert reader.complete_at(topics.rewards, 2, 2) is None  # one still held
-        out = reader._take([_Message(topics.decisions, 2, 2, eof=True)], time.time() * 1000)
+        out = reader._take([H.Message(topics.decisions, 2, 2, eof=True)], time.time() * 1000)
         assert [m.offset() for m in out] == [2]
         reader.contact[(topics.rewards, 2)] = time.time() * 1000  # its broker answered (librdkafka's statistics)
         assert reader.complete_at(topics.rewards, 2, 3) is not None  # every reward handled
