@@ -159,10 +159,16 @@ class JoinOptions:
     #: Open entries (waiting decisions, early rewards) kept in memory per partition (the
     #: newest): held there unwritten until they finish or age out (see the module's doc), so
     #: a reward, decision or deadline for one of them reads, unpickles and writes nothing.
-    #: About 3 KB each at d=16-32 (30 MB per partition by default). Older ones are written
-    #: and read back from RocksDB when needed. It bounds memory and how much a restart
-    #: replays (records since the oldest held entry), not correctness; 0 writes every change.
-    entry_cache: int = 10_000
+    #: About 2 KB each for a per-arm domain at d=16-24, 7 KB for a shared one with 5
+    #: candidates at d=32. Older ones are written ("spilled", logged once per partition and
+    #: counted in ``banditstream_join_spilled_entries_total``) and read back from RocksDB when
+    #: needed: a spilled shared entry is a 2 KB changelog record, so a partition that spills
+    #: joins at about two thirds of the speed. A decision stays open for its window plus
+    #: ``grace_s`` of event time, so 30,000 hold 10,000 decisions/s per partition with 1 s
+    #: windows (up to ~100 MB per partition at that rate). It bounds memory and how much a
+    #: restart replays (records since the oldest held entry), not correctness; 0 writes every
+    #: change.
+    entry_cache: int = 30_000
     #: Rewards are handed to the join in time order with their partition's decisions: a
     #: reward waits, undecoded, until a decision stamped no more than this before it is read
     #: (or the decisions are read to their end), seconds.
@@ -294,7 +300,7 @@ class _Domain:
 class PartitionState:
     """One partition's join state: a view of its database plus this batch's changes."""
 
-    def __init__(self, partition: int, db: Any, domains: Mapping[str, _Domain], entry_cache: int = 10_000) -> None:
+    def __init__(self, partition: int, db: Any, domains: Mapping[str, _Domain], entry_cache: int = 30_000) -> None:
         self.partition = partition
         self.db = db
         self._domains = domains
@@ -345,6 +351,10 @@ class PartitionState:
         #: written ones (equal to the database), and held ones (in ``_held``, not written).
         self._open: dict[bytes, list] = {}
         self._entry_cache = entry_cache
+        #: Held entries the last :meth:`changes` wrote because they aged out of memory (more
+        #: open than ``entry_cache``): each costs a full entry in the changelog and RocksDB,
+        #: and a read back when it changes or finishes.
+        self.spilled = 0
         #: Keys of open entries held in memory only, and per source topic the (offset, key)
         #: of every record whose effect went into one, in offset order (stale ones dropped
         #: lazily): the oldest still held gives ``resume``.
@@ -551,12 +561,14 @@ class PartitionState:
             else:
                 live[key] = entry
         excess = len(live) - self._entry_cache
+        self.spilled = 0
         if excess > 0:  # the oldest entries out of memory: written if held, read back if needed
             for key in list(itertools.islice(live, excess)):
                 entry = live.pop(key)
                 if key in held:
                     held.discard(key)
                     out.append((key, encode_entry(entry)))
+                    self.spilled += 1
         # Not the offsets: a record between this session's position and them was held in memory
         # by the worker before (its replay not read yet), and must still be read after a restart.
         resume = dict(self.position)

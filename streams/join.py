@@ -349,6 +349,7 @@ class JoinWorker:
         self._next_lag_report = 0.0
         self._last_batch_at = 0.0  # monotonic time the last batch was joined
         self._next_duplicate_log = 0.0
+        self._spill_warned: set[int] = set()  # partitions whose spilled entries were logged
         self.failpoint = Failpoint(os.environ.get("BANDITSTREAM_FAILPOINT"))
         #: Where a key belongs: the source topics' partition count (as found at start-up).
         self.partitioner = config.kafka.partitioner
@@ -826,6 +827,9 @@ class JoinWorker:
         self._count(out)
 
         changes = [(part, part.changes()) for part in parts]
+        for part, _ in changes:
+            if part.spilled:
+                self._spilled(part)
         changes = [(part, items) for part, items in changes if items]
         if not changes:
             return
@@ -872,6 +876,19 @@ class JoinWorker:
             part.db.write(batch)
             store.set_persisted_offset(TP(topic, part.partition), last[part.partition])
             self.failpoint.passed("persisted")
+
+    def _spilled(self, part: PartitionState) -> None:
+        """Count the open entries a partition wrote because they aged out of memory; say so once."""
+        self.metrics.join_spilled.labels(str(part.partition)).inc(part.spilled)
+        if part.partition not in self._spill_warned:
+            self._spill_warned.add(part.partition)
+            log.warning(
+                "join: partition %d holds more open decisions and early rewards than join.entry_cache (%d); "
+                "%d of the oldest were written to the changelog and RocksDB, and each will be read back. "
+                "The join is slower while this lasts: raise entry_cache if memory allows (~2-7 KB each), "
+                "or spread the load over more partitions. Counted in banditstream_join_spilled_entries_total.",
+                part.partition, self.options.entry_cache, part.spilled,
+            )  # fmt: skip
 
     async def _deliver(self, what: str, send: Callable[[], None], rebuild: Callable[[], None]) -> None:
         """Run ``send`` (produce and flush; raises unless every record is acknowledged) until it

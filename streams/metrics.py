@@ -32,6 +32,11 @@ class WorkerMetrics:
             "banditstream_log_gaps", "Gaps in a partition's offsets: read again (reread), then taken as a hole in "
             "the log if still there (hole).", ["worker", "topic", "outcome"], registry=r,
         )  # fmt: skip
+        self.join_spilled = Counter(
+            "banditstream_join_spilled_entries", "Open join entries written to the changelog and RocksDB because more "
+            "were open than join.entry_cache, per partition (each is read back when it changes or finishes).",
+            ["partition"], registry=r,
+        )  # fmt: skip
         self.dead_letters = Counter("banditstream_dead_letters", "Records dead-lettered, by reason.", ["worker", "reason"], registry=r)
         self.batch_size = Histogram(
             "banditstream_batch_size", "Records per applied batch.", ["worker"], registry=r,

@@ -66,13 +66,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def settings(kafka: KafkaSettings, topics: TopicSettings, state_dir: Path, *, domains=None, metrics_port: int = 0) -> Settings:
+def settings(kafka: KafkaSettings, topics: TopicSettings, state_dir: Path, *, domains=None, metrics_port: int = 0,
+             join: dict[str, Any] | None = None) -> Settings:
     return Settings.model_validate({
         "kafka": kafka.model_dump(),
         "topics": topics.model_dump(),
         "stores": {"state_dir": str(state_dir)},
         "metrics": {"port": metrics_port},
         "domains": domains or DOMAINS,
+        "join": join or {},
     })  # fmt: skip
 
 

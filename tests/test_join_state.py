@@ -244,6 +244,27 @@ def test_held_entries_move_the_resume_point_back_and_finishing_them_forward(tmp_
     db.close()
 
 
+def test_open_entries_past_the_cache_are_spilled_oldest_first_and_counted(tmp_path):
+    """More open entries than ``entry_cache``: the oldest are written in full (what the worker
+    counts and warns of); the resume point moves past them, as they no longer live in memory."""
+    core, db = join_core(), open_db(tmp_path / "db")
+    part = PartitionState(0, db, core.domains, 5)
+    rng = random.Random(2)
+    for offset in range(12):
+        part.handled("decisions", offset)
+        event = decision(f"ev-{offset:02d}", "ranker", rng, T0 + offset)
+        core.decision(part, event, DeadLetter("decisions", 0, offset, b"", b""), Outputs())
+    changes = dict(part.changes())
+    spilled = sorted(key for key, value in changes.items() if key.startswith(b"e:") and value[:1] == b"D")
+    assert part.spilled == 7
+    assert spilled == [f"e:ev-{i:02d}".encode() for i in range(7)]
+    assert decode_entry(changes[spilled[0]])[2]["event_id"] == "ev-00"
+    assert pickle.loads(changes[b"m:meta"])["replay_from"] == {"decisions": 7}
+    part.changes()
+    assert part.spilled == 0  # the count is the last batch's
+    db.close()
+
+
 def test_a_worker_that_dies_before_its_replay_reached_a_topic_leaves_that_topic_s_resume_point(tmp_path):
     """Records held only in memory by a worker that died are read again by the next; if that
     one dies too, having read again only the decisions, the rewards' resume point stays where it

@@ -10,6 +10,7 @@ UpdateEvent was read back.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import random
 import signal
@@ -298,6 +299,30 @@ def test_holes_a_transactional_producer_leaves_in_the_sources_are_read_again_the
     assert work.sender.commits >= 3
     _assert_every_decision_joined_right(kafka, topics, work, updates)
     assert max(H.by_event_id(updates).values()) == 1
+
+
+def test_a_partition_with_more_open_entries_than_its_cache_spills_them_says_so_once_and_joins_right(
+    kafka, topics, tmp_path, caplog
+):
+    """``join.entry_cache`` 40 against ~1,000 decisions/s: the oldest open entries are written
+    and read back. The worker counts them per partition, warns once per partition naming the
+    knob, and every decision is still joined with its on-time rewards, once."""
+    ensure_topics(kafka, topics)
+    port = H.free_port()
+    config = H.settings(kafka, topics, tmp_path / "state", domains=_domains(), metrics_port=port,
+                        join={"entry_cache": 40}).worker_config()
+    work = Workload(kafka, topics, 3_000, seed=7, rate=1000.0)
+    with caplog.at_level(logging.WARNING, logger="banditstream.join"), H.JoinThread(config) as worker:
+        work.run()
+        updates = H.read_topic(kafka, topics.updates, "update", until=H.every_event(work.decisions), idle_s=2,
+                               timeout_s=180, check=worker.check)
+        spilled = {p: _metric(port, "banditstream_join_spilled_entries_total", f'partition="{p}"')
+                   for p in range(topics.partitions)}
+    _assert_every_decision_joined_right(kafka, topics, work, updates)
+    assert max(H.by_event_id(updates).values()) == 1
+    assert all(n > 0 for n in spilled.values()), spilled
+    warnings = [r.getMessage() for r in caplog.records if "join.entry_cache (40)" in r.getMessage()]
+    assert sorted(int(w.split()[2]) for w in warnings) == list(range(topics.partitions)), warnings
 
 
 def test_kill_9_mid_run_then_restart_loses_no_decision(kafka, topics, tmp_path):
