@@ -162,12 +162,12 @@ class JoinOptions:
     #: About 2 KB each for a per-arm domain at d=16-24, 7 KB for a shared one with 5
     #: candidates at d=32. Older ones are written ("spilled", logged once per partition and
     #: counted in ``banditstream_join_spilled_entries_total``) and read back from RocksDB when
-    #: needed: a spilled shared entry is a 2 KB changelog record, so a partition that spills
-    #: joins at about two thirds of the speed. A decision stays open for its window plus
-    #: ``grace_s`` of event time, so 30,000 hold 10,000 decisions/s per partition with 1 s
-    #: windows (up to ~100 MB per partition at that rate). It bounds memory and how much a
-    #: restart replays (records since the oldest held entry), not correctness; 0 writes every
-    #: change.
+    #: needed: a spilled shared entry is a 2 KB changelog record (the pipeline benchmark with
+    #: half its decisions spilled: 150-160 us of join CPU per pair, 127 without). A decision
+    #: stays open for its window plus ``grace_s`` of event time, so 30,000 hold 10,000
+    #: decisions/s per partition with 1 s windows (up to ~100 MB per partition at that rate).
+    #: It bounds memory and how much a restart replays (records since the oldest held entry),
+    #: not correctness; 0 writes every change.
     entry_cache: int = 30_000
     #: Rewards are handed to the join in time order with their partition's decisions: a
     #: reward waits, undecoded, until a decision stamped no more than this before it is read
