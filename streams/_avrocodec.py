@@ -515,8 +515,8 @@ class _ReaderGen:
         for field in w["fields"]:
             rfield = by_name.get(field["name"])
             if rfield is None or rfield["name"] in locals_:
-                self.skipping += 1  # not in the reader: read past it
-                self.read(field["type"], None, "_", ind)
+                self.skipping += 1  # not in the reader: read past it (into a name of its own:
+                self.read(field["type"], None, self.src.tmp("s"), ind)  # "_" counts blocks)
                 self.skipping -= 1
                 continue
             local = self.src.tmp("f")

@@ -256,7 +256,8 @@ class Learner:
         self.domains = {name: DomainModel.of(settings) for name, settings in config.domains.items()}
         self.validator = Validator(config.limits)
         registry = config.registry_client()
-        self.update_serde = config.serde("update", topic=self.topic, registry=registry)
+        # (a shared model's candidate rows are for evaluation: stepped over, never built)
+        self.update_serde = config.serde("update", topic=self.topic, registry=registry, skip=("candidate_features",))
         self.posterior_serde = config.serde("posterior", topic=config.topics.posterior, registry=registry)
         self.store = PosteriorStore(config.state_dir / WORKER, wal=self.options.wal)
 

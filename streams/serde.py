@@ -39,7 +39,7 @@ from __future__ import annotations
 import functools
 import json
 import struct
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from io import BytesIO
 from typing import Any, Literal
 
@@ -123,6 +123,9 @@ class AvroSerde:
             already be registered there).
         use_latest_version: write with the subject's latest registered schema and its id
             (Confluent's ``use.latest.version``; the records must fit it), not our own.
+        skip: fields of the current schema that decoding leaves out: their bytes are stepped
+            over, never built into Python values (the learner has no use for a shared model's
+            candidate rows). Encoding is unchanged.
     """
 
     def __init__(
@@ -138,6 +141,7 @@ class AvroSerde:
         max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
         auto_register: bool = True,
         use_latest_version: bool = False,
+        skip: Collection[str] = (),
     ) -> None:
         if framing not in ("confluent", "single_object"):
             raise ValueError(f"framing must be 'confluent' or 'single_object', not {framing!r}")
@@ -152,6 +156,13 @@ class AvroSerde:
         self.version = version
         self._writer_json = schemas.load(name, version)
         self._reader_json = schemas.load(name)
+        if skip:
+            fields = {field["name"] for field in self._reader_json["fields"]}
+            unknown = sorted(set(skip) - fields)
+            if unknown:
+                raise ValueError(f"skip names fields {name} does not have: {', '.join(unknown)}")
+            kept = [field for field in self._reader_json["fields"] if field["name"] not in skip]
+            self._reader_json = {**self._reader_json, "fields": kept}
         self.full_name = f"{self._reader_json.get('namespace', '')}.{self._reader_json['name']}".lstrip(".")
         self.subject = subject or _subject(topic, self.full_name, subject_strategy)
         if framing == "confluent" and registry is None:

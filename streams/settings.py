@@ -7,6 +7,7 @@ and passes down; this module only says what the sections are and what values are
 from __future__ import annotations
 
 import logging
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any, Literal, get_args
 from urllib.parse import urlsplit
@@ -269,16 +270,18 @@ class RegistrySettings(ConfigSection):
 
         return SchemaRegistryClient.new_client(self.client_config())
 
-    def serde(self, name: str, topic: str | None = None, *, client: Any = None, max_payload_bytes: int | None = None) -> AvroSerde:
-        """The serde of one event type in this framing (decoding reads both), on ``client``
-        or a new one: one per process is enough (it caches the ids it looked up)."""
+    def serde(self, name: str, topic: str | None = None, *, client: Any = None, max_payload_bytes: int | None = None,
+              skip: Collection[str] = ()) -> AvroSerde:
+        """The serde of one event type in this framing (decoding reads both, leaving out the
+        fields in ``skip``), on ``client`` or a new one: one per process is enough (it caches
+        the ids it looked up)."""
         framing = self.effective_framing
         if client is None and self.url:
             client = self.client()
         return AvroSerde(
             name, framing=framing, registry=client, topic=topic, subject_strategy=self.subject_strategy,
             auto_register=self.auto_register_schemas, use_latest_version=self.use_latest_version,
-            max_payload_bytes=max_payload_bytes or DEFAULT_MAX_PAYLOAD_BYTES,
+            max_payload_bytes=max_payload_bytes or DEFAULT_MAX_PAYLOAD_BYTES, skip=skip,
         )  # fmt: skip
 
 

@@ -6,7 +6,7 @@ else (no globals, no environment).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -54,9 +54,11 @@ class WorkerConfig:
         """A schema registry client, or None when events use the single-object encoding."""
         return self.registry.client()
 
-    def serde(self, name: str, topic: str | None = None, registry=None) -> AvroSerde:
-        """The serde for one event type in the configured framing (decoding reads both)."""
-        return self.registry.serde(name, topic, client=registry, max_payload_bytes=self.limits.max_payload_bytes)
+    def serde(self, name: str, topic: str | None = None, registry=None, skip: Collection[str] = ()) -> AvroSerde:
+        """The serde for one event type in the configured framing (decoding reads both,
+        leaving out the fields in ``skip``)."""
+        return self.registry.serde(name, topic, client=registry, max_payload_bytes=self.limits.max_payload_bytes,
+                                   skip=skip)
 
     def deadletter_serde(self, registry=None) -> AvroSerde:
         """The dead letters' serde: they carry the refused bytes, up to the payload limit."""

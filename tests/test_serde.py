@@ -184,6 +184,43 @@ def test_every_event_type_round_trips_in_both_framings(framing, name):
 
 
 @pytest.mark.parametrize("framing", FRAMINGS)
+def test_skipped_fields_are_left_out_of_decoding_and_the_rest_decodes_the_same(framing):
+    reg = registry("skip") if framing == "confluent" else None
+    full = serde(framing, "update", reg)
+    skipping = serde(framing, "update", reg, skip=("candidate_features",))
+    shared = SAMPLES["update"] | {"candidate_features": [[0.5, -1.0, 2.0], [1.0, 0.0, -3.25]]}
+    payloads = [full.encode(shared), full.encode(SAMPLES["update"])]
+    expected = [{k: v for k, v in u.items() if k != "candidate_features"} for u in (shared, SAMPLES["update"])]
+    assert skipping.decode_batch(payloads) == expected
+    assert skipping.decode(payloads[0]) == expected[0]
+    assert full.decode(payloads[0]) == shared
+    assert skipping.encode(shared) == payloads[0]  # encoding is unchanged
+
+
+def test_every_reader_steps_over_a_skipped_field():
+    """The compiled reader, the generated Python one and fastavro's (for schemas the
+    generator does not cover) all read past the skipped field's bytes to the fields after it."""
+    from streams.serde import _fastavro_reader
+
+    writer = schemas.load("update")
+    reader = {**writer, "fields": [f for f in writer["fields"] if f["name"] != "candidate_features"]}
+    record = SAMPLES["update"] | {"candidate_features": [[0.5, -1.0, 2.0], [1.0, 0.0, -3.25]]}
+    buf = io.BytesIO()
+    fastavro.schemaless_writer(buf, fastavro.parse_schema(_avrocodec.strip_logical_types(writer)), record)
+    body = b"#" + buf.getvalue()
+    expected = {k: v for k, v in record.items() if k != "candidate_features"}
+    readers = [_avrocodec.build_reader(writer, reader), _avrocodec.build_reader(writer, reader, native=False),
+               _fastavro_reader(writer, reader)]
+    for read in readers:
+        assert read(body, 1) == (expected, len(body))
+
+
+def test_skipping_a_field_the_schema_does_not_have_is_refused():
+    with pytest.raises(ValueError, match="skip names fields update does not have: candidates"):
+        AvroSerde("update", framing="single_object", skip=("candidates",))
+
+
+@pytest.mark.parametrize("framing", FRAMINGS)
 def test_encode_writes_the_framing_header(framing):
     s = serde(framing)
     payload = s.encode(decision())
