@@ -101,6 +101,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+import numpy as np
+
 from learner.domain import DomainSettings
 from learner.features import FeatureEncoder, Normalizer
 from learner.policies import POLICIES
@@ -159,15 +161,15 @@ class JoinOptions:
     #: Open entries (waiting decisions, early rewards) kept in memory per partition (the
     #: newest): held there unwritten until they finish or age out (see the module's doc), so
     #: a reward, decision or deadline for one of them reads, unpickles and writes nothing.
-    #: About 2 KB each for a per-arm domain at d=16-24, 7 KB for a shared one with 5
-    #: candidates at d=32. Older ones are written ("spilled", logged once per partition and
-    #: counted in ``banditstream_join_spilled_entries_total``) and read back from RocksDB when
-    #: needed: a spilled shared entry is a 2 KB changelog record (the pipeline benchmark with
-    #: half its decisions spilled: 150-160 us of join CPU per pair, 127 without). A decision
-    #: stays open for its window plus ``grace_s`` of event time, so 30,000 hold 10,000
-    #: decisions/s per partition with 1 s windows (up to ~100 MB per partition at that rate).
-    #: It bounds memory and how much a restart replays (records since the oldest held entry),
-    #: not correctness; 0 writes every change.
+    #: About 2 KB each for a per-arm domain at d=8-24, 4 KB for a shared one with 5
+    #: candidates at d=32 (measured with tracemalloc). Older ones are written ("spilled",
+    #: logged once per partition and counted in ``banditstream_join_spilled_entries_total``)
+    #: and read back from RocksDB when needed: a spilled shared entry is a 2 KB changelog
+    #: record (the pipeline benchmark with half its decisions spilled: 150-160 us of join CPU
+    #: per pair, 127 without). A decision stays open for its window plus ``grace_s`` of event
+    #: time, so 30,000 hold 10,000 decisions/s per partition with 1 s windows (60-120 MB per
+    #: partition at that rate). It bounds memory and how much a restart replays (records
+    #: since the oldest held entry), not correctness; 0 writes every change.
     entry_cache: int = 30_000
     #: Rewards are handed to the join in time order with their partition's decisions: a
     #: reward waits, undecoded, until a decision stamped no more than this before it is read
@@ -684,12 +686,13 @@ class JoinCore:
                             f"before the partition's decisions ({part.decision_clock}): it cannot be told from a re-send")
         if isinstance(features, Exception):
             raise features
-        candidate_features: list[list[float]] = []
+        candidate_features: list[list[float]] | np.ndarray = []
         if features is None:
             encoder = part.encoder(domain)
             if domain.shared:  # every candidate's row (for evaluation); the acted one is what is learned
-                candidate_features = encoder.action_matrix(event.get("context") or {}, event["actions"]).tolist()
-                features = candidate_features[event["chosen"]]
+                # held as an array until the update is emitted: 1.3 KB, not 5 KB of lists, per open entry
+                candidate_features = encoder.action_matrix(event.get("context") or {}, event["actions"])
+                features = candidate_features[event["chosen"]].tolist()
             else:  # the acted row of a per-arm model is the context's vector
                 features = encoder.context_vector(event.get("context") or {}).tolist()
             if domain.normalize:  # after encoding, so a value never normalises itself
@@ -912,6 +915,9 @@ class JoinCore:
 
     def _finalise(self, domain: _Domain, update: dict, rewards: dict) -> tuple[str, dict]:
         record = dict(update)
+        rows = record["candidate_features"]
+        if type(rows) is not list:  # (an array while the entry was open; see decision)
+            record["candidate_features"] = rows.tolist()
         shard = record.pop("_shard")
         deferred = record.pop("_deferred", False)  # (absent from entries opened before deferral was built)
         activated = ACTIVATION_REWARD_ID in rewards

@@ -885,7 +885,7 @@ class JoinWorker:
             log.warning(
                 "join: partition %d holds more open decisions and early rewards than join.entry_cache (%d); "
                 "%d of the oldest were written to the changelog and RocksDB, and each will be read back. "
-                "The join is slower while this lasts: raise entry_cache if memory allows (~2-7 KB each), "
+                "The join is slower while this lasts: raise entry_cache if memory allows (~2-4 KB each), "
                 "or spread the load over more partitions. Counted in banditstream_join_spilled_entries_total.",
                 part.partition, self.options.entry_cache, part.spilled,
             )  # fmt: skip
