@@ -200,6 +200,7 @@ def test_every_decision_yields_exactly_one_update_with_the_right_aggregate(kafka
         joins = {s: _metric(port, "banditstream_joins_total", f'status="{s}"') for s in ("rewarded", "default")}
         late_metric = _metric(port, "banditstream_late_rewards_total")
         duplicate_metric = _metric(port, "banditstream_duplicates_total")
+        lag_text = _lag_once_read(port, topics, worker)
 
     counts = H.by_event_id(updates)
     assert set(counts) == set(work.decisions)
@@ -251,6 +252,25 @@ def test_every_decision_yields_exactly_one_update_with_the_right_aggregate(kafka
     assert joins == {"rewarded": statuses["rewarded"], "default": statuses["default"]}
     assert late_metric == len(work.late)
     assert duplicate_metric > 0
+    assert lag_text is None, lag_text
+
+
+def _lag_once_read(port: int, topics, worker, timeout_s: float = 15.0) -> str | None:
+    """Wait until the join reports every source partition's lag, and all of it 0 (everything
+    sent was read); None then, else the lag lines it last reported."""
+    want = {(topic, str(p)) for topic in (topics.decisions, topics.rewards) for p in range(topics.partitions)}
+    deadline = time.monotonic() + timeout_s
+    while True:
+        worker.check()
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+        lines = [line for line in text.splitlines() if line.startswith("banditstream_consumer_lag{")]
+        zero = {(line.split('topic="')[1].split('"')[0], line.split('partition="')[1].split('"')[0])
+                for line in lines if float(line.rsplit(" ", 1)[1]) == 0.0}
+        if want <= zero:
+            return None
+        if time.monotonic() > deadline:
+            return "\n".join(lines) or "no banditstream_consumer_lag reported"
+        time.sleep(0.5)
 
 
 class _TransactionalSender(H.Sender):
