@@ -55,9 +55,11 @@ Where the time goes: CPU seconds of each process (join, learner, broker, this be
 per phase from ``/proc``, as microseconds per pair; the process with the most is the
 bottleneck (``bottleneck``: what one core of it allows). ``--profile`` runs both workers
 under cProfile and prints their time by area and by function. Found on the 2-core machine
-(100,000 pairs, the defaults; the VM's speed varies by a quarter between runs): two join
-processes reach ~10,500-12,000 pairs/s end to end (8,200-9,800 in the VM's slowest states),
-one ~9,000-10,000. The join needs ~80-110 us CPU per pair as one process, ~100-130 as two
+on 2026-11-22 (100,000 pairs, the defaults; the VM's speed varies by a quarter between
+runs): two join processes reach ~10,500-12,000 pairs/s end to end (8,200-9,800 in the VM's
+slowest states), one ~9,000-10,000. (On 2026-11-30, with the join's 2 s grace in every
+pair's time: 8,000-8,700 end to end, 11,200-13,200 sustained, the join ~130 us CPU per pair;
+the README says why.) The join needs ~80-110 us CPU per pair as one process, ~100-130 as two
 (each also applies the other's changelog as a standby replica), the learner ~20-25, the
 broker ~30-35 and the load generator ~10-12. One join process keeps one core busy (its main thread at
 ~90 %) while the other core is half idle; two share both. Sampled with py-spy, the join's
