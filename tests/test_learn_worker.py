@@ -103,6 +103,11 @@ SKIPPED = ("shadow", "off", "not_activated")
 def test_learned_posterior_equals_the_in_process_fold_of_the_same_updates(kafka, topics, tmp_path):
     ensure_topics(kafka, topics)
     updates = h.make_updates(30_000, seed=1)
+    rows = random.Random(1)
+    for u in updates:  # the shared model's updates carry every candidate's row, as the join writes them
+        if u["domain"] == "tool":  # (the learner steps over them: AvroSerde's skip)
+            u["candidate_features"] = [[1.0] + [rows.gauss(0.0, 1.0) for _ in range(h.DIM - 1)] for _ in h.ARMS["tool"]]
+            u["candidate_features"][u["arm_index"]] = u["features"]
     produced = h.produce(kafka, topics.updates, h.encode_updates(updates))
     block = 256
     # with RocksDB's write-ahead log (learn.wal), which every other test leaves at its default, off
