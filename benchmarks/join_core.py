@@ -20,7 +20,8 @@ window after their decision. Records are read in time order, in batches of
 * ``join``: the acted rows' encoding (``JoinCore.encode``), then per record the clocks
   (``observe``) and ``JoinCore.decision`` / ``reward``; then ``batch_read``;
 * ``fire``: ``JoinCore.fire``: the decisions due, finalised with their rewards;
-* ``persist``: ``PartitionState.changes`` (the pickled entries) into a RocksDB write batch;
+* ``persist``: ``PartitionState.changes`` (the pickled entries) written as the worker writes
+  them (``PartitionState.write``, one RocksDB write batch);
 * ``emit``: the UpdateEvents' Avro encoding.
 
 The garbage collector is off, with a collection before the run, as in the join worker (which
@@ -59,7 +60,7 @@ if str(ROOT) not in sys.path:
 from rich.console import Console  # noqa: E402
 from rich.progress import Progress  # noqa: E402
 from rich.table import Table  # noqa: E402
-from rocksdict import Options, Rdict, WriteBatch  # noqa: E402
+from rocksdict import Options, Rdict  # noqa: E402
 
 from banditstream.config import Settings  # noqa: E402
 from benchmarks.pipeline import domain_config, make_pairs  # noqa: E402
@@ -133,13 +134,7 @@ class Run:
         else:
             core.fire(part, now_ms, out)
         t, seconds["fire"] = clock(), seconds["fire"] + clock() - t
-        write = WriteBatch(raw_mode=True)
-        for key, value in part.changes():
-            if value is None:
-                write.delete(key)
-            else:
-                write.put(key, value)
-        self.db.write(write)
+        part.write(part.changes())
         t, seconds["persist"] = clock(), seconds["persist"] + clock() - t
         encode = self.update_serde.encode
         self.updates += len([encode(record) for _, record in out.updates])

@@ -102,6 +102,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 import numpy as np
+from rocksdict import WriteBatch
 
 from learner.domain import DomainSettings
 from learner.features import FeatureEncoder, Normalizer
@@ -545,6 +546,16 @@ class PartitionState:
             self._meta_dirty = True
 
     # -- persistence ---------------------------------------------------------------------
+
+    def write(self, items: list[tuple[bytes, bytes | None]]) -> None:
+        """Write a batch's changes, as :meth:`changes` gave them, to the database at once."""
+        batch = WriteBatch(raw_mode=True)
+        for key, value in items:
+            if value is None:
+                batch.delete(key)
+            else:
+                batch.put(key, value)
+        self.db.write(batch)
 
     def changes(self) -> list[tuple[bytes, bytes | None]]:
         """This batch's writes as (key, value or None for a delete); clears them."""

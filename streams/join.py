@@ -863,17 +863,9 @@ class JoinWorker:
         await self._deliver("changelog", write, self._rebuild_changelog_producer)
         self.failpoint.passed("changelog")
 
-        from rocksdict import WriteBatch
-
         store = self._store()
         for part, items in changes:
-            batch = WriteBatch(raw_mode=True)
-            for key, value in items:
-                if value is None:
-                    batch.delete(key)
-                else:
-                    batch.put(key, value)
-            part.db.write(batch)
+            part.write(items)
             store.set_persisted_offset(TP(topic, part.partition), last[part.partition])
             self.failpoint.passed("persisted")
 

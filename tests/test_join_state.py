@@ -14,7 +14,7 @@ import time
 from collections import Counter
 
 import pytest
-from rocksdict import Options, Rdict, WriteBatch
+from rocksdict import Options, Rdict
 
 from banditstream.config import Settings
 from streams._join_state import (
@@ -124,11 +124,11 @@ def replay(tmp_path, entry_cache: int, *, restart_at: int | None = None, tag: st
         part.batch_read(batch[-1][0])
         core.fire(part, 0.0, out)
         produced.append((out.updates, [(d.topic, d.offset, d.reason) for d in out.dead], out.duplicates, out.late_rewards))
-        persist(part, db, writes)
+        persist(part, writes)
     out = Outputs()
     core.fire(part, 0.0, out, T0 + 10**9, T0 + 10**9)  # both topics read to their end, long quiet
     produced.append((out.updates, [(d.topic, d.offset, d.reason) for d in out.dead], out.duplicates, out.late_rewards))
-    persist(part, db, writes)
+    persist(part, writes)
     # Entries compared decoded: pickle shares repeated strings by identity, which differs
     # between objects decoded afresh and those kept in memory; the values do not.
     contents = {key: decode_entry(db[key])[:4] if key.startswith(b"e:") else pickle.loads(db[key]) if key == b"m:meta"
@@ -153,20 +153,16 @@ def fire_until(core: JoinCore, part: PartitionState, out: Outputs, event_time: i
     core.fire(part, 0.0, out)
 
 
-def persist(part: PartitionState, db: Rdict, writes: Counter) -> None:
+def persist(part: PartitionState, writes: Counter) -> None:
     """The batch's changes into the database, as the worker writes them; entries counted by kind."""
-    write = WriteBatch(raw_mode=True)
-    for key, value in part.changes():
-        if value is None:
-            write.delete(key)
-        else:
-            write.put(key, value)
-            if key.startswith(b"e:"):
-                kind = value[:1].decode()
-                writes[kind] += 1
-                if kind == "D":
-                    writes["D", decode_entry(value)[2]["domain"]] += 1
-    db.write(write)
+    items = part.changes()
+    for key, value in items:
+        if value is not None and key.startswith(b"e:"):
+            kind = value[:1].decode()
+            writes[kind] += 1
+            if kind == "D":
+                writes["D", decode_entry(value)[2]["domain"]] += 1
+    part.write(items)
 
 
 def flattened(produced: list) -> tuple:
@@ -280,7 +276,7 @@ def test_a_worker_that_dies_before_its_replay_reached_a_topic_leaves_that_topic_
                 part.handled(topic, offset)
                 source = DeadLetter(topic, 0, offset, b"", b"")
                 (core.decision if topic == "decisions" else core.reward)(part, event, source, Outputs())
-        persist(part, db, Counter())
+        persist(part, Counter())
         return part
 
     read(PartitionState(0, db, core.domains, 100), ("decisions", "rewards"))  # held in memory, then killed
