@@ -474,6 +474,14 @@ def run(learner: Learner, stream: Stream, best: np.ndarray, batch: int, steps: i
     return regret
 
 
+def floor_bound(stream: Stream, batch: int, eps0: float) -> float:
+    """The least regret a learner with the floor ``eps0`` can expect on ``stream``, whatever it
+    learns: its first batch is decided before any feedback (uniformly: every arm starts at the
+    same prior), and every decision after mixes in ``eps0`` of a uniform choice."""
+    gap = stream.best() - stream.uniform()
+    return float(gap[:batch].sum() + eps0 * gap[batch:].sum())
+
+
 #: One cell's per-step regret, its wall time, and for a portfolio who acts at the end and how
 #: many switches it made.
 CellResult = tuple[np.ndarray, float, "tuple[str, int] | None"]
@@ -560,7 +568,7 @@ class Suite:
                 gap = stream.best() - stream.uniform()
                 self.uniform[env].append((float(gap.sum()), float(gap[: cfg.b1_cap].sum())))
                 for batch in cfg.batch_sizes:
-                    self.floor_bounds[env, batch].append(float(gap[:batch].sum() + self.eps0 * gap[batch:].sum()))
+                    self.floor_bounds[env, batch].append(floor_bound(stream, batch, self.eps0))
                 self._add_curve(env, "uniform", gap)
         if jobs == 1:
             for cell in cells:
