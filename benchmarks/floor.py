@@ -14,17 +14,21 @@ choice's over every decision. This benchmark measures both sides on the regret s
    steps), against the peers of the same run (MABWiser LinUCB and LinTS, VW's four explorers):
    ``ratio`` is its mean regret over the best peer's, ``ratio_by_seed`` each seed's over the least
    any peer had on it.
-2. **Evaluation.** What a gate sees when it rates a policy on the log's last ``--window`` rows
-   (decided by the snapshots of those batches) with SNIPS, the gate's default estimator, at 95 %:
-   the effective sample size ``(sum w)^2 / sum w^2`` of the importance weights, the interval's
-   width, and whether it covers the policy's true value on those rows (known here: the stream's
-   expected rewards). Two policies are rated:
+2. **Evaluation.** What a gate sees when it rates a policy on ``--window`` rows of the log with
+   SNIPS, the gate's default estimator, at 95 %: the effective sample size ``(sum w)^2 / sum w^2``
+   of the importance weights (the worst seed's: one row weighted 1,000 takes a log of 2,000 rows
+   down to a handful), the interval's width, and whether it covers the policy's true value on
+   those rows (known here: the stream's expected rewards). Two policies, on two stretches of the
+   log:
 
-   - **next**: the domain's policy as it stands after the last batch (its next snapshot, with its
+   - **next**: the domain's policy as it stands after the last step (its next snapshot, with its
      own floor), the gate's canary;
    - **best**: the stream's best arm on every row (the oracle), a policy that differs from the
-     logging one exactly where the logging one is wrong: what a log must be able to show to find
-     a better policy.
+     logging one exactly where the logging one is wrong: what a log must show to find a better
+     policy;
+   - **late**: the last rows, decided by snapshots close to the next one;
+   - **early**: the rows from step 1,000 on, decided by the early snapshots, which the next one
+     has moved far from (the demo's case: the learned snapshot rated on the whole run's log).
 
 Run from the repository root (about 4 minutes on two CPUs with ``--jobs 2``)::
 
@@ -34,9 +38,10 @@ Run from the repository root (about 4 minutes on two CPUs with ``--jobs 2``)::
 Progress goes to stderr; a table per environment to stdout, a PNG of regret ratio against the
 effective sample size (one line per environment, a point per floor) to ``OUT/floor-tradeoff.png``,
 and the last line of stdout is one JSON object: ``{"envs": {env: {"best_peer", "best_peer_name",
-"floors": {eps0: {"regret", "ratio", "ratio_by_seed", "floor_bound", "next": {"ess", "width",
-"covered"}, "best": {...}}}}}, "T", "seeds", "batch", "window", ...}`` (``ess`` and ``width`` the
-means over seeds, ``covered`` how many seeds' intervals held the true value).
+"floors": {eps0: {"regret", "ratio", "ratio_by_seed", "floor_bound", "late": {"next": {"ess",
+"ess_by_seed", "width", "covered"}, "best": {...}}, "early": {...}}}}}, "T", "seeds", "batch",
+"window", ...}`` (``ess`` and ``width`` the means over seeds, ``covered`` how many seeds'
+intervals held the true value).
 """
 
 from __future__ import annotations
@@ -78,6 +83,8 @@ FLOORS = (0.0, 0.002, 0.005, 0.01, 0.02)
 #: the two that need evaluation most (the portfolio's switches).
 ENVS = ("linear", "wine", "breast_cancer", "heavy_tail", "fifty_arms", "new_arms", "nonlinear", "drift_gradual")
 LEVEL = 0.95
+#: Where the early stretch of the log starts: past the first batches, still far from the end.
+EARLY = 1_000
 
 
 @dataclass(frozen=True)
@@ -127,27 +134,28 @@ def rate(reward: np.ndarray, action: np.ndarray, pscore: np.ndarray, dist: np.nd
 
 
 def floor_cell(cfg: Config, env: str, seed: int, eps0: float) -> dict[str, Any]:
-    """The default domain with floor ``eps0`` on one stream: its regret and how its log rates
-    its next snapshot and the best policy over the last ``window`` rows."""
+    """The default domain with floor ``eps0`` on one stream: its regret, and how its log rates
+    its next snapshot and the best policy on an early and a late stretch of ``window`` rows."""
     stream = _stream(env, cfg.steps, seed)
     learner = LoggingLearner(stream, seed, eps0)
     regret = run(learner, stream, stream.best(), cfg.batch, cfg.steps)
     action, reward, pscore = (np.concatenate(parts) for parts in zip(*learner.logged))
-    rows = np.arange(cfg.steps - cfg.window, cfg.steps)
-    width = int(stream.n_arms[rows].max())
-    means = stream.means[rows][:, :width]
-    Z, n_arms = stream.contexts[rows], stream.n_arms[rows]
-    logged = (reward[rows], action[rows], pscore[rows])
-    nxt = learner.distribution(Z, n_arms, width)
-    best = np.zeros_like(nxt)
-    available_means = np.where(np.arange(width) < n_arms[:, None], means, -np.inf)
-    best[np.arange(len(rows)), available_means.argmax(axis=1)] = 1.0
-    return {
-        "regret": float(regret.sum()),
-        "floor_bound": floor_bound(stream, cfg.batch, eps0),
-        "next": rate(*logged, nxt, float((nxt * means).sum(axis=1).mean())),
-        "best": rate(*logged, best, float(available_means.max(axis=1).mean())),
-    }
+    result: dict[str, Any] = {"regret": float(regret.sum()), "floor_bound": floor_bound(stream, cfg.batch, eps0)}
+    for stretch, start in (("early", min(EARLY, cfg.steps - cfg.window)), ("late", cfg.steps - cfg.window)):
+        rows = np.arange(start, start + cfg.window)
+        width = int(stream.n_arms[rows].max())
+        n_arms = stream.n_arms[rows]
+        offered = np.arange(width) < n_arms[:, None]  # new_arms: the arms of each row
+        means = np.where(offered, stream.means[rows][:, :width], 0.0)
+        logged = (reward[rows], action[rows], pscore[rows])
+        nxt = learner.distribution(stream.contexts[rows], n_arms, width)
+        best = np.zeros_like(nxt)
+        best[np.arange(len(rows)), np.where(offered, means, -np.inf).argmax(axis=1)] = 1.0
+        result[stretch] = {
+            "next": rate(*logged, nxt, float((nxt * means).sum(axis=1).mean())),
+            "best": rate(*logged, best, float((best * means).sum(axis=1).mean())),
+        }
+    return result
 
 
 def peer_cell(cfg: Config, env: str, seed: int, spec: LearnerSpec) -> dict[str, Any]:
@@ -219,11 +227,15 @@ def summarise(cfg: Config, done: dict[tuple[str, int, str, Any], dict[str, Any]]
             if peer_regret:
                 row["ratio"] = regret / figures["best_peer"]
                 row["ratio_by_seed"] = [r["regret"] / max(b, 1e-9) for r, b in zip(runs, best_by_seed)]
-            for target in ("next", "best"):
-                row[target] = {
-                    "ess": float(np.mean([r[target]["ess"] for r in runs])),
-                    "width": float(np.mean([r[target]["width"] for r in runs])),
-                    "covered": int(sum(r[target]["covered"] for r in runs)),
+            for stretch in ("late", "early"):
+                row[stretch] = {
+                    target: {
+                        "ess": float(np.mean([r[stretch][target]["ess"] for r in runs])),
+                        "ess_by_seed": [r[stretch][target]["ess"] for r in runs],
+                        "width": float(np.mean([r[stretch][target]["width"] for r in runs])),
+                        "covered": int(sum(r[stretch][target]["covered"] for r in runs)),
+                    }
+                    for target in ("next", "best")
                 }
             floors[str(eps0)] = row
         envs[env] = figures | {"floors": floors}
@@ -235,18 +247,21 @@ def tables(cfg: Config, results: dict[str, Any]) -> list[Table]:
     n = len(cfg.seeds)
     for env, figures in results["envs"].items():
         peer = f"{figures['best_peer_name']} {figures['best_peer']:,.0f}" if "best_peer" in figures else "no peers run"
-        table = Table(title=f"{env}: B={cfg.batch}, T={cfg.steps:,}, {n} seed(s); best peer {peer}; evaluation on the last {cfg.window:,} rows")
-        for column in ("eps0", "regret", "ratio", "worst seed", "floor bound", "next: ESS", "next: width", "next: covered",
-                       "best: ESS", "best: width", "best: covered"):  # fmt: skip
+        table = Table(title=f"{env}: B={cfg.batch}, T={cfg.steps:,}, {n} seed(s); best peer {peer}; "
+                            f"SNIPS on {cfg.window:,} rows: the worst seed's ESS, and the seeds whose interval held the truth")  # fmt: skip
+        for column in ("eps0", "regret", "ratio", "worst seed", "floor bound"):
             table.add_column(column, justify="right")
+        for stretch in ("late", "early"):
+            for target in ("next", "best"):
+                table.add_column(f"{stretch}: {target}", justify="right")
         for eps0, row in figures["floors"].items():
             ratio = f"{row['ratio']:.2f}" if "ratio" in row else "-"
             worst = f"{max(row['ratio_by_seed']):.2f}" if "ratio_by_seed" in row else "-"
-            table.add_row(
-                eps0, f"{row['regret']:,.0f}", ratio, worst, f"{row['floor_bound']:,.0f}",
-                f"{row['next']['ess']:,.0f}", f"{row['next']['width']:.3f}", f"{row['next']['covered']}/{n}",
-                f"{row['best']['ess']:,.0f}", f"{row['best']['width']:.3f}", f"{row['best']['covered']}/{n}",
-            )  # fmt: skip
+            ratings = [
+                f"{min(rated['ess_by_seed']):,.0f} ({rated['covered']}/{n})"
+                for stretch in ("late", "early") for rated in (row[stretch]["next"], row[stretch]["best"])
+            ]  # fmt: skip
+            table.add_row(eps0, f"{row['regret']:,.0f}", ratio, worst, f"{row['floor_bound']:,.0f}", *ratings)
         out.append(table)
     return out
 
@@ -254,24 +269,26 @@ def tables(cfg: Config, results: dict[str, Any]) -> list[Table]:
 def plot(results: dict[str, Any], path: Path) -> None:
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5), sharey=True)
-    for ax, target, title in ((axes[0], "next", "rating the next snapshot"), (axes[1], "best", "rating the best policy")):
+    panels = [(stretch, target) for stretch in ("late", "early") for target in ("next", "best")]
+    fig, axes = plt.subplots(1, len(panels), figsize=(18, 4.5), sharey=True)
+    for ax, (stretch, target) in zip(axes, panels):
         for env, figures in results["envs"].items():
             rows = figures["floors"]
             if not all("ratio" in row for row in rows.values()):
                 continue
-            ess = [row[target]["ess"] for row in rows.values()]
+            ess = [max(min(row[stretch][target]["ess_by_seed"]), 1.0) for row in rows.values()]
             ratio = [row["ratio"] for row in rows.values()]
             ax.plot(ess, ratio, marker="o", label=env)
             for eps0, x, y in zip(rows, ess, ratio):
                 ax.annotate(eps0, (x, y), fontsize=7, textcoords="offset points", xytext=(3, 3))
         ax.axhline(0.8, color="grey", linestyle="--", linewidth=0.8)
         ax.set_xscale("log")
-        ax.set_xlabel(f"effective sample size of the last {results['window']:,} rows (SNIPS)")
-        ax.set_title(title)
+        ax.set_xlabel(f"worst seed's ESS of {results['window']:,} rows (SNIPS)")
+        ax.set_title(f"{stretch} rows, rating the {'next snapshot' if target == 'next' else 'best policy'}", fontsize=10)
     axes[0].set_ylabel("regret / best peer's")
-    axes[1].legend(fontsize=8)
-    fig.suptitle(f"The exploration floor: regret against evaluation (B={results['batch']}, T={results['T']:,}, mean of {len(results['seeds'])} seeds; a point per eps0)")
+    axes[-1].legend(fontsize=8)
+    fig.suptitle(f"The exploration floor: regret against evaluation (B={results['batch']}, T={results['T']:,}, "
+                 f"mean of {len(results['seeds'])} seeds; a point per eps0)")  # fmt: skip
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
@@ -291,7 +308,7 @@ def parse_args(argv: Sequence[str] | None = None) -> Config:
     parser.add_argument("--steps", type=int, default=Config.steps, help="steps per run (default 20,000)")
     parser.add_argument("--seeds", type=_ints, default=Config.seeds, help="comma-separated seeds (default 0,1,2)")
     parser.add_argument("--batch", type=int, default=Config.batch, help="rows decided per frozen model (default 200)")
-    parser.add_argument("--window", type=int, default=Config.window, help="the log's last rows rated (default 2,000)")
+    parser.add_argument("--window", type=int, default=Config.window, help="rows of each stretch rated (default 2,000)")
     parser.add_argument("--floors", type=_floors, default=Config.floors, help=f"default {','.join(map(str, FLOORS))}")
     parser.add_argument("--envs", type=_names, default=Config.envs, help=f"default {','.join(ENVS)}")
     parser.add_argument("--peers", type=_names, default=Config.peers, help="mabwiser,vw (default), or none")

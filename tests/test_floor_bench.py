@@ -46,7 +46,7 @@ def test_a_rating_is_snips_effective_sample_size_width_and_coverage_by_hand():
 
 
 def _figures(capsys: pytest.CaptureFixture[str], tmp_path, jobs: int) -> dict:
-    argv = ["--steps", "600", "--window", "200", "--seeds", "0,1", "--envs", "linear,new_arms", "--floors", "0,0.05",
+    argv = ["--steps", "1400", "--window", "200", "--seeds", "0,1", "--envs", "linear,new_arms", "--floors", "0,0.05",
             "--peers", "mabwiser", "--batch", "100", "--out", str(tmp_path / f"j{jobs}"), "--jobs", str(jobs)]  # fmt: skip
     assert floor.main(argv) == 0
     figures = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
@@ -65,8 +65,11 @@ def test_two_processes_give_the_figures_of_one_and_every_floor_is_rated(capsys, 
         for row in cell["floors"].values():
             assert row["ratio"] == pytest.approx(row["regret"] / cell["best_peer"])
             assert row["regret"] > row["floor_bound"] > 0
-            for target in ("next", "best"):
-                assert 0 < row[target]["ess"] <= 200 and row[target]["width"] > 0 and 0 <= row[target]["covered"] <= 2
+            for stretch in ("late", "early"):
+                for rated in row[stretch].values():
+                    assert len(rated["ess_by_seed"]) == 2 and rated["ess"] == pytest.approx(sum(rated["ess_by_seed"]) / 2)
+                    assert 0 < min(rated["ess_by_seed"]) and max(rated["ess_by_seed"]) <= 200 + 1e-9
+                    assert rated["width"] > 0 and 0 <= rated["covered"] <= 2
     # a larger floor costs at least its bound: eps0 of the uniform choice's regret after the first batch
     rows = one["envs"]["linear"]["floors"]
     assert rows["0.05"]["floor_bound"] > rows["0.0"]["floor_bound"]
