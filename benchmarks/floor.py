@@ -30,7 +30,8 @@ choice's over every decision. This benchmark measures both sides on the regret s
    - **early**: the rows from step 1,000 on, decided by the early snapshots, which the next one
      has moved far from (the demo's case: the learned snapshot rated on the whole run's log).
 
-Run from the repository root (about 4 minutes on two CPUs with ``--jobs 2``)::
+Run from the repository root (14 minutes in one process, beside another benchmark using both CPUs;
+``--jobs 0`` runs a process per CPU)::
 
     .venv/bin/python benchmarks/floor.py --jobs 2
     .venv/bin/python benchmarks/floor.py --envs linear,wine --floors 0,0.01 --seeds 0

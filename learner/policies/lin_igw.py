@@ -67,7 +67,7 @@ class LinIGW(RobustLearning, DriftDetection, LinearPolicy):
     tried until they say more. On that seed, 2,605 regret; on many_arms over seeds 0-8, 3,422 to
     2,722 (no seed above 2,884); in batches of 200, ten arms or fewer (whose first batch gives
     every arm its rows) decided as before to the digit. At one update per event every stream's
-    first rows meet it ("Which policy" in the README has the suite: heavy_tail -22 %, wine
+    first rows meet it (``docs/policies.md`` has the suite: heavy_tail -22 %, wine
     +4.4 %). The defaults are left out of the policy's parameters (:meth:`get_params`), as
     robust learning's are, so an SDK from before new arms still decides with a default domain's
     snapshots (without the new arms' share: upgrade the SDKs to have it).

@@ -22,7 +22,7 @@ random Fourier features. On stationary linear traffic the first keeps acting, so
 takes over; where rewards are not linear in the context (thresholds, products, class regions),
 the Fourier one does. Forgetting alone costs stationary traffic up to 2.3x the regret (wine),
 the Fourier member alone 2x on linear traffic; the portfolio costs stationary linear traffic
-nothing measurable (README, "Which policy"), for about four times the update work of one member.
+nothing measurable (``docs/policies.md``), for about four times the update work of one member.
 A domain that ran ``lin_igw`` when that was the default keeps what it learned: the learner and
 the publisher take its state in (:meth:`Portfolio.adopt_arm_state`); one that ran the default
 pair takes its states into those two members (:meth:`Portfolio.load_arm_state`).
@@ -127,7 +127,7 @@ deterministically leaves the others an effective sample size of a few rows. With
 from the estimate (:meth:`Portfolio.mix_shares`: computed from the selection sums a snapshot
 carries, so the SDK mixes alike): a member the log rates clearly worse costs almost nothing.
 Deciding then costs one distribution per member. Neither is on by default: the suite shows no
-share that wins everywhere (README, "Which policy").
+share that wins everywhere (``docs/policies.md``).
 
     >>> import numpy as np
     >>> from learner.policies import make_policy
@@ -174,7 +174,7 @@ MIN_ROWS_PER_ARM = 20
 #: drift; and SquareCB (``lin_igw``, ``alpha`` 0) on 128 random Fourier features of the row
 #: (:mod:`learner.policies._fourier`), which takes over where rewards are not linear in the
 #: context. On stationary linear traffic the first keeps acting and the portfolio decides exactly
-#: as ``lin_igw`` alone. Chosen by ``benchmarks/regret.py`` (README, "Which policy"): ``gamma``
+#: as ``lin_igw`` alone. Chosen by ``benchmarks/regret.py`` (``docs/policies.md``): ``gamma``
 #: 0.998 did not catch the slow drift; 64 features lost to the plain row on digits and 80 on
 #: digits and breast_cancer (12-17 %); 256 cost four times the learning of 128 for 0-20 % less
 #: regret. The Fourier member runs no change detector of its own: it takes ``lin_igw``'s alarms
