@@ -40,9 +40,9 @@ Progress goes to stderr; a table per environment to stdout, a PNG of regret rati
 effective sample size (one line per environment, a point per floor) to ``OUT/floor-tradeoff.png``,
 and the last line of stdout is one JSON object: ``{"envs": {env: {"best_peer", "best_peer_name",
 "floors": {eps0: {"regret", "ratio", "ratio_by_seed", "floor_bound", "late": {"next": {"ess",
-"ess_by_seed", "width", "covered"}, "best": {...}}, "early": {...}}}}}, "T", "seeds", "batch",
-"window", ...}`` (``ess`` and ``width`` the means over seeds, ``covered`` how many seeds'
-intervals held the true value).
+"ess_by_seed", "width", "abs_error", "covered"}, "best": {...}}, "early": {...}}}}}, "T", "seeds",
+"batch", "window", ...}`` (``ess``, ``width`` and ``abs_error``, the estimate's distance from the
+true value, are means over seeds; ``covered`` is how many seeds' intervals held the true value).
 """
 
 from __future__ import annotations
@@ -234,6 +234,7 @@ def summarise(cfg: Config, done: dict[tuple[str, int, str, Any], dict[str, Any]]
                         "ess": float(np.mean([r[stretch][target]["ess"] for r in runs])),
                         "ess_by_seed": [r[stretch][target]["ess"] for r in runs],
                         "width": float(np.mean([r[stretch][target]["width"] for r in runs])),
+                        "abs_error": float(np.mean([abs(r[stretch][target]["error"]) for r in runs])),
                         "covered": int(sum(r[stretch][target]["covered"] for r in runs)),
                     }
                     for target in ("next", "best")

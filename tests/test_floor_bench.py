@@ -69,7 +69,7 @@ def test_two_processes_give_the_figures_of_one_and_every_floor_is_rated(capsys, 
                 for rated in row[stretch].values():
                     assert len(rated["ess_by_seed"]) == 2 and rated["ess"] == pytest.approx(sum(rated["ess_by_seed"]) / 2)
                     assert 0 < min(rated["ess_by_seed"]) and max(rated["ess_by_seed"]) <= 200 + 1e-9
-                    assert rated["width"] > 0 and 0 <= rated["covered"] <= 2
+                    assert rated["width"] > 0 and rated["abs_error"] >= 0 and 0 <= rated["covered"] <= 2
     # a larger floor costs at least its bound: eps0 of the uniform choice's regret after the first batch
     rows = one["envs"]["linear"]["floors"]
     assert rows["0.05"]["floor_bound"] > rows["0.0"]["floor_bound"]
