@@ -75,7 +75,9 @@ from rich.table import Table  # noqa: E402
 from threadpoolctl import threadpool_limits  # noqa: E402
 
 from benchmarks._regret_envs import Stream, available  # noqa: E402
-from benchmarks.regret import DomainLearner, LearnerSpec, _ints, _names, _stream, floor_bound, learner_specs, run  # noqa: E402
+from benchmarks.regret import (  # noqa: E402
+    DomainLearner, LearnerSpec, _init_worker, _ints, _names, _stream, floor_bound, learner_specs, run,
+)
 from learner.evaluation import SNIPS, EvaluationWarning, evaluate  # noqa: E402
 
 #: Floors measured by default: none, the default (0.01) and around it.
@@ -116,8 +118,7 @@ class LoggingLearner(DomainLearner):
         """The policy's probabilities over the arms of each row as it stands now, (n, width)."""
         dist = np.zeros((len(Z), width))
         for i, (z, n) in enumerate(zip(Z.tolist(), n_arms.tolist())):
-            choice = self.policy.probabilities(self.encoder.action_matrix(self._context(z), self.arms.actions(n)), self.arms.ids(n))
-            dist[i, :n] = choice.probabilities
+            dist[i, :n] = self.choice(z, n).probabilities
         return dist
 
 
@@ -165,10 +166,6 @@ def peer_cell(cfg: Config, env: str, seed: int, spec: LearnerSpec) -> dict[str, 
 
 
 _WORKER: tuple[Config, list[LearnerSpec]] | None = None
-
-
-def _init_worker() -> None:
-    threadpool_limits(limits=1, user_api="blas")
 
 
 def _cell(cell: tuple[str, int, str, Any]) -> tuple[tuple[str, int, str, Any], dict[str, Any]]:

@@ -149,6 +149,7 @@ from threadpoolctl import threadpool_limits  # noqa: E402
 from benchmarks._regret_envs import HELD_OUT, Stream, available, generate  # noqa: E402
 from learner.domain import DomainSettings  # noqa: E402
 from learner.policies import Portfolio, make_policy  # noqa: E402
+from learner.policies.base import Choice  # noqa: E402
 from learner.policies.portfolio import DEFAULT_MEMBERS  # noqa: E402
 
 PEER_FAMILIES = ("mabwiser", "vw", "contextualbandits")
@@ -247,13 +248,17 @@ class DomainLearner:
     def _context(self, z: list[float]) -> dict[str, dict[str, float]]:
         return {"numeric": dict(zip(self.names, z))}
 
+    def choice(self, z: list[float], n_arms: int) -> Choice:
+        """The SDK's decision among arms ``0 .. n_arms - 1`` for the context ``z``."""
+        actions = self.encoder.action_matrix(self._context(z), self.arms.actions(n_arms))
+        return self.policy.probabilities(actions, self.arms.ids(n_arms))
+
     def decide(self, Z: np.ndarray, n_arms: int) -> tuple[np.ndarray, np.ndarray]:
-        ids, actions = self.arms.ids(n_arms), self.arms.actions(n_arms)
         self.policy.age()  # what a snapshot does (scoring_view) when the policy forgets by time
         arms = np.empty(len(Z), dtype=np.intp)
         probabilities = np.empty(len(Z))
         for i, z in enumerate(Z.tolist()):
-            choice = self.policy.probabilities(self.encoder.action_matrix(self._context(z), actions), ids)
+            choice = self.choice(z, n_arms)
             arms[i], probabilities[i] = choice.chosen, choice.probability
         return arms, probabilities
 
